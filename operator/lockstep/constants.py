@@ -1,0 +1,54 @@
+"""Names shared by the operator, its builders and its tests: one place for each."""
+
+from __future__ import annotations
+
+GROUP = "lockstep.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PDDeployment"
+PLURAL = "pddeployments"
+SINGULAR = "pddeployment"
+SHORT_NAME = "pdd"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# The SGLang release whose flags, loops and sources lockstep is written against.
+SGLANG_VERSION = "0.5.23"
+
+ROLES = ("prefill", "decode")
+
+# Labels on every object the operator owns.
+LABEL_DEPLOYMENT = f"{GROUP}/deployment"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_GROUP = f"{GROUP}/group"
+LABEL_RANK = f"{GROUP}/rank"
+LABEL_EPOCH = f"{GROUP}/epoch"
+LABEL_COMPONENT = f"{GROUP}/component"
+APP_NAME = "app.kubernetes.io/name"
+APP_INSTANCE = "app.kubernetes.io/instance"
+APP_COMPONENT = "app.kubernetes.io/component"
+APP_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "lockstep"
+
+# The readiness gate the operator flips to take a whole group out of the router's view.
+READINESS_GATE = f"{GROUP}/group-healthy"
+
+# Annotations.
+ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
+
+# Ports inside every SGLang pod.
+PORT_HTTP = 30000
+PORT_BOOTSTRAP = 8998
+PORT_AGENT = 8999
+# The torch.distributed rendezvous port moves with the epoch, so a rank of an old
+# epoch can never join the new one: DIST_PORT_BASE + epoch % DIST_PORT_SPAN.
+DIST_PORT_BASE = 20000
+DIST_PORT_SPAN = 1000
+PORT_ROUTER = 8000
+PORT_ROUTER_METRICS = 29000
+
+# Env the runtime (lockstep_sglang) reads.
+ENV_CONSENSUS = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
+ENV_GLOO_TIMEOUT = "LOCKSTEP_GLOO_TIMEOUT_SECONDS"
+ENV_AGENT_PORT = "LOCKSTEP_AGENT_PORT"
+ENV_GROUP_EPOCH = "LOCKSTEP_GROUP_EPOCH"
+ENV_POD_NAME = "LOCKSTEP_POD_NAME"

@@ -1,0 +1,157 @@
+"""Generate the PDDeployment CustomResourceDefinition from the pydantic models.
+
+pydantic writes JSON Schema (2020-12 flavour: `$ref`/`$defs`, `anyOf` with `null` for
+optional fields, `title`s, `additionalProperties: false`). The API server wants a
+*structural* OpenAPI v3 schema: every node typed, no `$ref`, no `anyOf` over types, and no
+`additionalProperties` beside `properties`. `structural_schema` rewrites one into the
+other; `build_crd` wraps it with the status subresource, printer columns and names.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from lockstep import constants as c
+from lockstep.models import PDDeploymentSpec, PDDeploymentStatus
+
+# Keys of JSON Schema the CRD's JSONSchemaProps does not accept, or that carry nothing.
+_DROP = {"title", "$defs"}
+
+
+def structural_schema(model: type[Any]) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of a pydantic model, every `$ref` inlined."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.get("$defs", {})
+    return _rewrite(raw, defs)
+
+
+def _rewrite(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_rewrite(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node["$ref"].rsplit("/", 1)[-1]])
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _rewrite(merged, defs)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if rest.get("default", 0) is None:
+            del rest["default"]
+        if len(options) == 1:
+            # Optional[X]: the field is simply not required.
+            return _rewrite({**options[0], **rest}, defs)
+        if {o.get("type") for o in options} == {"integer", "string"}:
+            return _rewrite({**rest, "x-kubernetes-int-or-string": True}, defs)
+        raise ValueError(f"cannot express anyOf {options} structurally")
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {name: _rewrite(v, defs) for name, v in value.items()}
+        elif key == "additionalProperties":
+            if value is False:
+                continue  # unknown fields are pruned / rejected by the server already
+            if value is True or value == {}:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+                continue
+            out[key] = _rewrite(value, defs)
+        elif key == "items":
+            out[key] = _rewrite(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum", "const", "examples"):
+            raise ValueError(f"{key} is not structural OpenAPI v3; use ge/le or an enum")
+        else:
+            out[key] = value
+    if out.get("x-kubernetes-preserve-unknown-fields") and "type" not in out:
+        out["type"] = "object"
+    if "default" in out and out.get("default") is None:
+        del out["default"]
+    return out
+
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {
+        "name": "Prefill",
+        "type": "string",
+        "jsonPath": ".status.prefillReady",
+        "description": "Ready/desired prefill groups",
+    },
+    {
+        "name": "Decode",
+        "type": "string",
+        "jsonPath": ".status.decodeReady",
+        "description": "Ready/desired decode groups",
+    },
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
+    {
+        "name": "Incidents",
+        "type": "integer",
+        "jsonPath": ".status.openIncidents",
+        "description": "Open incidents",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def build_crd() -> dict[str, Any]:
+    """The PDDeployment CRD as a Kubernetes object."""
+    spec_schema = structural_schema(PDDeploymentSpec)
+    status_schema = structural_schema(PDDeploymentStatus)
+    schema = {
+        "type": "object",
+        "description": "A model served by SGLang prefill and decode TP groups and a router, "
+        "kept in lockstep by the lockstep operator.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": c.CRD_NAME,
+            "labels": {c.APP_NAME: "lockstep", c.APP_MANAGED_BY: "lockstep"},
+        },
+        "spec": {
+            "group": c.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": c.PLURAL,
+                "singular": c.SINGULAR,
+                "kind": c.KIND,
+                "listKind": f"{c.KIND}List",
+                "shortNames": [c.SHORT_NAME],
+                "categories": ["lockstep", "sglang"],
+            },
+            "versions": [
+                {
+                    "name": c.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    """The CRD as the YAML committed in crds/ (and the chart)."""
+    header = "# Generated by `lockstep crd` from operator/lockstep/models.py. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

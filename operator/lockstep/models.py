@@ -1,0 +1,712 @@
+"""The PDDeployment custom resource (`lockstep.dev/v1alpha1`) as pydantic models.
+
+These models are the one source of the API: the CRD's OpenAPI schema is generated from
+them (`lockstep.crd`), the CLI and the admission webhook validate with them, and the
+operator reads specs and writes status through them. Field names are camelCase on the
+wire (aliases) and snake_case in Python.
+
+Validation happens in two passes, both reported with the field path and the fix:
+1. the schema (types, enums, bounds, unknown fields) by pydantic;
+2. cross-field rules (`cross_field_problems`), e.g. `tp == gpusPerPod * podsPerGroup`.
+`parse_pddeployment` runs both and raises `InvalidPDDeployment` listing every problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+from lockstep import constants as c
+
+# Kubernetes resource quantities are written as integers or strings ("8", 8, "64Gi").
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+]
+
+# metadata.name feeds pod names `<name>-<role>-<group>-<rank>` and per-group Service
+# names, which must stay DNS-1035 labels of at most 63 characters.
+MAX_NAME_LENGTH = 40
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+def _obj_default() -> dict[str, Any]:
+    """Schema extra so the API server fills a nested object's defaults when omitted."""
+    return {"default": {}}
+
+
+# ---------------------------------------------------------------------------- spec
+
+
+class WeightsVolume(_Model):
+    """Where the model weights come from, mounted read-only into every SGLang pod."""
+
+    persistent_volume_claim: str | None = Field(
+        None, description="Name of a PersistentVolumeClaim holding the weights."
+    )
+    host_path: str | None = Field(
+        None, description="A directory on the node holding the weights (local NVMe cache)."
+    )
+    mount_path: str = Field(
+        "/models", description="Where the weights appear inside the container."
+    )
+
+
+class ModelSpec(_Model):
+    """The model served by every prefill and decode group."""
+
+    path: str = Field(
+        min_length=1, description="`--model-path` for SGLang: a path inside the container."
+    )
+    served_name: str | None = Field(
+        None, description="`--served-model-name`: the name clients and the router use."
+    )
+    weights: WeightsVolume | None = Field(None, description="The volume with the weights.")
+
+
+class TransferSpec(_Model):
+    """KV-cache transfer between prefill and decode."""
+
+    backend: Literal["mooncake", "nixl"] = Field(
+        "mooncake", description="`--disaggregation-transfer-backend`."
+    )
+    devices: list[str] = Field(
+        default_factory=list,
+        description="RDMA devices for `--disaggregation-ib-device` (empty: backend default).",
+    )
+
+
+class EnvVar(_Model):
+    """An environment variable for the SGLang container."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        None,
+        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, ...).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class Resources(_Model):
+    """Extra container resources; the operator adds `nvidia.com/gpu: gpusPerPod`."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Requests.")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Limits.")
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration."""
+
+    key: str | None = Field(None, description="Taint key.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="Match operator.")
+    value: str | None = Field(None, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect (empty: all)."
+    )
+    toleration_seconds: int | None = Field(None, ge=0, description="For NoExecute.")
+
+
+class RoleSpec(_Model):
+    """One role (prefill or decode): `replicas` TP groups of `podsPerGroup` pods each."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.tp == self.gpusPerPod * self.podsPerGroup",
+                    "message": "tp must equal gpusPerPod * podsPerGroup",
+                },
+                {
+                    "rule": "!self.dpAttention || self.dp > 1",
+                    "message": "dpAttention needs dp > 1",
+                },
+            ]
+        }
+    )
+
+    replicas: int = Field(
+        1, ge=0, le=512, description="Number of TP groups (SGLang instances) of this role."
+    )
+    tp: int = Field(ge=1, le=256, description="Tensor-parallel size of one group.")
+    pods_per_group: int = Field(
+        1, ge=1, le=32, description="Pods (nodes) one TP group spans (SGLang --nnodes)."
+    )
+    gpus_per_pod: int = Field(ge=1, le=16, description="GPUs per pod (nvidia.com/gpu).")
+    dp: int = Field(1, ge=1, le=256, description="Data-parallel size (--dp-size).")
+    dp_attention: bool = Field(
+        False, description="DP attention (--attn-dp-size dp); needs dp > 1."
+    )
+    ep: int = Field(1, ge=1, le=256, description="Expert-parallel size (--ep-size).")
+    args: list[str] = Field(
+        default_factory=list,
+        description="Extra SGLang server flags; checked against the pinned SGLang's flags.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="Extra resources (GPUs are set from gpusPerPod).",
+        json_schema_extra=_obj_default(),
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node selector for this role's pods."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations.")
+    priority_class_name: str | None = Field(None, description="PriorityClass of the pods.")
+    transfer: TransferSpec | None = Field(
+        None, description="Per-role override of spec.transfer (must match the other role)."
+    )
+
+
+class RouterSpec(_Model):
+    """The sglang-router in PD mode in front of the groups."""
+
+    enabled: bool = Field(True, description="Deploy the router.")
+    image: str | None = Field(
+        None, description="Router image (default: spec.image, which ships sglang-router)."
+    )
+    replicas: int = Field(1, ge=0, le=64, description="Router replicas.")
+    policy: Literal["cache_aware", "round_robin", "random", "power_of_two"] = Field(
+        "round_robin", description="Load-balancing policy (--policy)."
+    )
+    args: list[str] = Field(default_factory=list, description="Extra router flags.")
+
+
+class SafetySpec(_Model):
+    """The SGLang flag policy: how unsafe flags are handled."""
+
+    mode: Literal["Enforce", "Reject", "Warn"] = Field(
+        "Enforce",
+        description="Enforce: adjust unsafe flags and report; Reject: refuse the spec; "
+        "Warn: report only.",
+    )
+    overlap_schedule: Literal["Disabled", "Guarded"] = Field(
+        "Disabled",
+        description="Disabled: force --disable-overlap-schedule on TP>1 PD roles without "
+        "DP attention; Guarded: keep overlap on, guarded by the rank consensus checker.",
+    )
+    watchdog_timeout_seconds: int = Field(
+        300, ge=10, le=3600, description="--watchdog-timeout the operator sets."
+    )
+    max_watchdog_timeout_seconds: int = Field(
+        3600, ge=10, le=86400, description="Largest --watchdog-timeout a user may set."
+    )
+    dist_timeout_seconds: int = Field(
+        600, ge=10, le=7200, description="--dist-timeout the operator sets when missing."
+    )
+    gloo_timeout_seconds: int = Field(
+        120, ge=5, le=3600, description="Timeout for SGLang's gloo CPU groups (not 2 h)."
+    )
+
+
+class HealthSpec(_Model):
+    """The deep probe: a no-op collective across every rank of a group."""
+
+    period_seconds: int = Field(5, ge=1, le=3600, description="Probe period.")
+    timeout_seconds: int = Field(3, ge=1, le=600, description="Probe timeout.")
+    failure_threshold: int = Field(
+        3, ge=1, le=100, description="Consecutive probe failures before a verdict."
+    )
+    startup_grace_seconds: int = Field(
+        900, ge=0, le=86400, description="No verdicts this long after a group starts."
+    )
+
+
+class BackoffSpec(_Model):
+    """Exponential backoff between restarts of one group."""
+
+    base_seconds: int = Field(30, ge=0, le=86400, description="First delay.")
+    max_seconds: int = Field(600, ge=0, le=86400, description="Largest delay.")
+    reset_after_seconds: int = Field(
+        1800, ge=0, le=604800, description="A group healthy this long resets its backoff."
+    )
+
+
+class BudgetSpec(_Model):
+    """Restart budget: past it a group is Quarantined (no restart storm)."""
+
+    restarts: int = Field(3, ge=1, le=1000, description="Restarts allowed per window.")
+    window_seconds: int = Field(3600, ge=60, le=604800, description="The window.")
+
+
+class DiagnosticsSpec(_Model):
+    """Evidence captured before a restart."""
+
+    capture_stacks: bool = Field(True, description="Capture py-spy stacks of every rank.")
+    log_lines: int = Field(200, ge=0, le=5000, description="Last log lines per pod.")
+    max_evidence_bytes: int = Field(
+        16384, ge=1024, le=262144, description="Bound on the evidence kept per incident."
+    )
+
+
+class RecoverySpec(_Model):
+    """What the operator does with a broken group."""
+
+    policy: Literal["RestartGroup", "ObserveOnly"] = Field(
+        "RestartGroup",
+        description="RestartGroup: restart the whole TP group; ObserveOnly: verdicts and "
+        "incidents only.",
+    )
+    max_concurrent_group_restarts: int = Field(
+        1, ge=1, le=64, description="Groups of one role restarting at once."
+    )
+    backoff: BackoffSpec = Field(
+        default_factory=BackoffSpec,
+        description="Backoff between restarts of a group.",
+        json_schema_extra=_obj_default(),
+    )
+    budget: BudgetSpec = Field(
+        default_factory=BudgetSpec,
+        description="Restart budget per group.",
+        json_schema_extra=_obj_default(),
+    )
+    diagnostics: DiagnosticsSpec = Field(
+        default_factory=DiagnosticsSpec,
+        description="Evidence capture.",
+        json_schema_extra=_obj_default(),
+    )
+
+
+class PDDeploymentSpec(_Model):
+    """A model served by prefill groups, decode groups and a router."""
+
+    model: ModelSpec = Field(description="The model.")
+    image: str = Field(min_length=1, description="The patched SGLang image (lockstep-sglang).")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy."
+    )
+    sglang_version: str = Field(
+        c.SGLANG_VERSION, description="SGLang version inside the image (policy table)."
+    )
+    transfer: TransferSpec = Field(
+        default_factory=TransferSpec,
+        description="KV transfer between prefill and decode.",
+        json_schema_extra=_obj_default(),
+    )
+    prefill: RoleSpec = Field(description="Prefill groups.")
+    decode: RoleSpec = Field(description="Decode groups.")
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="The router.", json_schema_extra=_obj_default()
+    )
+    safety: SafetySpec = Field(
+        default_factory=SafetySpec,
+        description="SGLang flag policy.",
+        json_schema_extra=_obj_default(),
+    )
+    health: HealthSpec = Field(
+        default_factory=HealthSpec, description="Deep probe.", json_schema_extra=_obj_default()
+    )
+    recovery: RecoverySpec = Field(
+        default_factory=RecoverySpec,
+        description="Recovery of broken groups.",
+        json_schema_extra=_obj_default(),
+    )
+    paused: bool = Field(
+        False, description="Paused: no reconcile, no recovery; replicas may be 0."
+    )
+
+    def role(self, name: str) -> RoleSpec:
+        """The spec of role `prefill` or `decode`."""
+        if name == "prefill":
+            return self.prefill
+        if name == "decode":
+            return self.decode
+        raise KeyError(name)
+
+    def transfer_for(self, role: str) -> TransferSpec:
+        """The transfer settings a role uses (its override, else spec.transfer)."""
+        return self.role(role).transfer or self.transfer
+
+
+# -------------------------------------------------------------------------- status
+
+GroupState = Literal[
+    "Pending",
+    "Starting",
+    "Healthy",
+    "Suspect",
+    "Desynced",
+    "Hung",
+    "RankDown",
+    "Recovering",
+    "Quarantined",
+]
+
+
+class ProbeResult(_Model):
+    """The last deep probe of a group."""
+
+    ok: bool = Field(description="The collective passed on every rank.")
+    time: str = Field(description="When (RFC 3339).")
+    latency_ms: float | None = Field(None, description="Round trip in milliseconds.")
+    error: str | None = Field(None, description="Why it failed.")
+
+
+class GroupStatus(_Model):
+    """One TP group."""
+
+    index: int = Field(ge=0, description="Group number within the role.")
+    state: GroupState = Field("Pending", description="Where the group is.")
+    epoch: int = Field(0, ge=0, description="Incremented by every whole-group restart.")
+    restarts: int = Field(0, ge=0, description="Whole-group restarts so far.")
+    ready_pods: int = Field(0, ge=0, description="Pods of the group that are Ready.")
+    pods: int = Field(0, ge=0, description="Pods the group has.")
+    consecutive_failures: int = Field(0, ge=0, description="Failed probes in a row.")
+    last_probe: ProbeResult | None = Field(None, description="The last deep probe.")
+    last_restart_time: str | None = Field(None, description="Last restart (RFC 3339).")
+    message: str | None = Field(None, description="Human-readable detail.")
+
+
+class RoleStatus(_Model):
+    """One role's groups."""
+
+    replicas: int = Field(0, ge=0, description="Desired groups.")
+    ready_groups: int = Field(0, ge=0, description="Groups that are Healthy and admitted.")
+    groups: list[GroupStatus] = Field(default_factory=list, description="Every group.")
+    effective_args: list[str] = Field(
+        default_factory=list, description="The SGLang argv after the flag policy."
+    )
+
+
+class Incident(_Model):
+    """One broken group: what was seen, what was done, how long it took."""
+
+    id: str = Field(description="Incident id.")
+    role: Literal["prefill", "decode"] = Field(description="Role of the group.")
+    group: int = Field(ge=0, description="Group number.")
+    epoch: int = Field(ge=0, description="The epoch that broke.")
+    verdict: str = Field(description="Desynced, Hung or RankDown.")
+    state: Literal["Open", "Closed"] = Field("Open", description="Open until re-admitted.")
+    action: str = Field("", description="What the operator did.")
+    first_failure_time: str | None = Field(None, description="First failed probe.")
+    detected_time: str | None = Field(None, description="When the verdict was reached.")
+    recovered_time: str | None = Field(None, description="When the group was re-admitted.")
+    time_to_detect_seconds: float | None = Field(None, description="First failure to verdict.")
+    time_to_recover_seconds: float | None = Field(None, description="Verdict to re-admission.")
+    evidence: str = Field("", max_length=262144, description="Evidence summary (bounded).")
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition."""
+
+    type: str = Field(description="Ready, Progressing, Degraded or FlagsAdjusted.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
+    reason: str = Field("", description="CamelCase reason.")
+    message: str = Field("", description="Human-readable message.")
+    last_transition_time: str | None = Field(None, description="RFC 3339.")
+    observed_generation: int | None = Field(None, description="Spec generation seen.")
+
+
+class PolicyFinding(_Model):
+    """A finding of the flag policy, as kept in status."""
+
+    rule: str = Field(description="Rule id.")
+    severity: Literal["error", "warning", "info"] = Field(description="Severity.")
+    field: str = Field(description="Field path.")
+    message: str = Field(description="What is wrong.")
+    fix: str = Field(description="How to fix it.")
+    action: Literal["adjusted", "rejected", "reported"] = Field(description="What was done.")
+
+
+class PDDeploymentStatus(_Model):
+    """Observed state, written by the operator."""
+
+    observed_generation: int | None = Field(None, description="Last spec generation seen.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    prefill: RoleStatus | None = Field(None, description="Prefill groups.")
+    decode: RoleStatus | None = Field(None, description="Decode groups.")
+    prefill_ready: str | None = Field(None, description="Ready/desired prefill groups.")
+    decode_ready: str | None = Field(None, description="Ready/desired decode groups.")
+    open_incidents: int = Field(0, ge=0, description="Incidents not yet closed.")
+    incidents: list[Incident] = Field(
+        default_factory=list, max_length=20, description="The most recent incidents."
+    )
+    findings: list[PolicyFinding] = Field(
+        default_factory=list, description="Flag policy findings for the current spec."
+    )
+
+
+class ObjectMeta(BaseModel):
+    """The metadata fields lockstep reads; everything else is kept as is."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PDDeployment(_Model):
+    """A PDDeployment object as stored by the API server."""
+
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    metadata: ObjectMeta
+    spec: PDDeploymentSpec
+    status: PDDeploymentStatus | None = None
+
+
+# ----------------------------------------------------------------- validation
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One thing wrong with a PDDeployment: where, what, and how to fix it."""
+
+    field: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message} (fix: {self.fix})"
+
+
+class InvalidPDDeployment(ValueError):
+    """The object is not a valid PDDeployment; `problems` lists every reason."""
+
+    def __init__(self, problems: list[SpecProblem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+def parse_pddeployment(obj: Mapping[str, Any]) -> PDDeployment:
+    """Validate a PDDeployment object (schema, then cross-field rules).
+
+    Raises `InvalidPDDeployment` with every problem found, each naming its field path.
+    """
+    problems: list[SpecProblem] = []
+    if obj.get("apiVersion") != c.API_VERSION:
+        problems.append(
+            SpecProblem("apiVersion", f"is {obj.get('apiVersion')!r}", f"use {c.API_VERSION}")
+        )
+    if obj.get("kind") != c.KIND:
+        problems.append(SpecProblem("kind", f"is {obj.get('kind')!r}", f"use {c.KIND}"))
+    try:
+        pdd = PDDeployment.model_validate(dict(obj))
+    except ValidationError as err:
+        problems.extend(_schema_problems(err))
+        raise InvalidPDDeployment(problems) from None
+    problems.extend(cross_field_problems(pdd))
+    if problems:
+        raise InvalidPDDeployment(problems)
+    return pdd
+
+
+def cross_field_problems(pdd: PDDeployment) -> list[SpecProblem]:
+    """Rules that span fields; each problem names the field to change."""
+    problems: list[SpecProblem] = []
+    name = pdd.metadata.name
+    if len(name) > MAX_NAME_LENGTH or not DNS_1035.match(name):
+        problems.append(
+            SpecProblem(
+                "metadata.name",
+                f"{name!r} must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
+                "(it prefixes pod and Service names)",
+                "use lowercase letters, digits and '-', starting with a letter",
+            )
+        )
+    spec = pdd.spec
+    for role_name in c.ROLES:
+        role = spec.role(role_name)
+        path = f"spec.{role_name}"
+        if role.tp != role.gpus_per_pod * role.pods_per_group:
+            want = role.gpus_per_pod * role.pods_per_group
+            problems.append(
+                SpecProblem(
+                    f"{path}.tp",
+                    f"tp={role.tp} but gpusPerPod*podsPerGroup="
+                    f"{role.gpus_per_pod}*{role.pods_per_group}={want}",
+                    f"set tp to {want}, or change gpusPerPod/podsPerGroup so their product "
+                    f"is {role.tp}",
+                )
+            )
+        if role.dp_attention and role.dp < 2:
+            problems.append(
+                SpecProblem(
+                    f"{path}.dp",
+                    "dpAttention needs dp > 1",
+                    "set dp to the number of attention DP ranks (e.g. equal to tp), or set "
+                    "dpAttention: false",
+                )
+            )
+        if role.tp % role.dp:
+            problems.append(
+                SpecProblem(
+                    f"{path}.dp",
+                    f"dp={role.dp} does not divide tp={role.tp}",
+                    "use a dp that divides tp",
+                )
+            )
+        if role.tp % role.ep:
+            problems.append(
+                SpecProblem(
+                    f"{path}.ep",
+                    f"ep={role.ep} does not divide tp={role.tp}",
+                    "use an ep that divides tp (usually ep = tp or 1)",
+                )
+            )
+        if role.replicas < 1 and not spec.paused:
+            problems.append(
+                SpecProblem(
+                    f"{path}.replicas",
+                    "is 0: a PD deployment needs at least one group of each role",
+                    "set replicas >= 1, or set spec.paused: true to stop serving",
+                )
+            )
+    prefill_backend = spec.transfer_for("prefill").backend
+    decode_backend = spec.transfer_for("decode").backend
+    if prefill_backend != decode_backend:
+        problems.append(
+            SpecProblem(
+                "spec.decode.transfer.backend",
+                f"decode uses {decode_backend!r} but prefill uses {prefill_backend!r}: KV "
+                "cannot move between different transfer backends",
+                "use the same backend for both roles (set it once in spec.transfer)",
+            )
+        )
+    if spec.health.timeout_seconds > spec.health.period_seconds:
+        problems.append(
+            SpecProblem(
+                "spec.health.timeoutSeconds",
+                f"{spec.health.timeout_seconds}s exceeds periodSeconds "
+                f"{spec.health.period_seconds}s: probes would overlap",
+                "make timeoutSeconds <= periodSeconds",
+            )
+        )
+    backoff = spec.recovery.backoff
+    if backoff.base_seconds > backoff.max_seconds:
+        problems.append(
+            SpecProblem(
+                "spec.recovery.backoff.maxSeconds",
+                f"{backoff.max_seconds}s is below baseSeconds {backoff.base_seconds}s",
+                "make maxSeconds >= baseSeconds",
+            )
+        )
+    safety = spec.safety
+    if safety.watchdog_timeout_seconds > safety.max_watchdog_timeout_seconds:
+        problems.append(
+            SpecProblem(
+                "spec.safety.watchdogTimeoutSeconds",
+                f"{safety.watchdog_timeout_seconds}s exceeds maxWatchdogTimeoutSeconds "
+                f"{safety.max_watchdog_timeout_seconds}s",
+                "lower watchdogTimeoutSeconds or raise maxWatchdogTimeoutSeconds",
+            )
+        )
+    weights = spec.model.weights
+    if weights and weights.persistent_volume_claim and weights.host_path:
+        problems.append(
+            SpecProblem(
+                "spec.model.weights",
+                "sets both persistentVolumeClaim and hostPath",
+                "keep one of them",
+            )
+        )
+    return problems
+
+
+# --------------------------------------------------------- pydantic error mapping
+
+_FIXES: dict[str, str] = {
+    "missing": "add this field",
+    "int_type": "use an integer",
+    "int_parsing": "use an integer",
+    "int_from_float": "use a whole number",
+    "bool_type": "use true or false",
+    "bool_parsing": "use true or false",
+    "string_type": "use a string",
+    "list_type": "use a list",
+    "dict_type": "use a mapping",
+    "model_type": "use a mapping of the documented fields",
+    "model_attributes_type": "use a mapping of the documented fields",
+    "float_type": "use a number",
+    "float_parsing": "use a number",
+}
+
+
+def _schema_problems(err: ValidationError) -> list[SpecProblem]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = _path(loc)
+        kind = e["type"]
+        ctx = e.get("ctx") or {}
+        if kind == "extra_forbidden":
+            known = _field_names_at(loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            fix = f"did you mean {close[0]!r}?" if close else "remove it"
+            problems.append(SpecProblem(path, "unknown field", fix))
+            continue
+        if kind == "literal_error":
+            fix = f"use one of {ctx.get('expected')}"
+        elif kind in ("greater_than_equal", "less_than_equal"):
+            bound = ctx.get("ge", ctx.get("le"))
+            fix = f"use a value {'>=' if kind == 'greater_than_equal' else '<='} {bound}"
+        elif kind in ("string_too_short", "too_short"):
+            fix = "give it a value"
+        elif kind in ("too_long", "string_too_long"):
+            fix = "shorten it"
+        else:
+            fix = _FIXES.get(kind, "see `lockstep crd` for the schema")
+        problems.append(SpecProblem(path, e["msg"], fix))
+    return problems
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _field_names_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The wire names of the fields of the model found at `loc`, for suggestions."""
+    model: Any = PDDeployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+        field = fields.get(str(part))
+        if field is None:
+            return []
+        nested = _model_in(field.annotation)
+        if nested is None:
+            return []
+        model = nested
+    return [(f.alias or n) for n, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
