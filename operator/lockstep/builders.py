@@ -1,0 +1,385 @@
+"""Pure manifest builders: a PDDeployment (plus the policy's verdict) -> Kubernetes objects.
+
+No I/O and no Kubernetes client: every function takes its inputs as arguments and
+returns plain dicts, ready for `kubectl apply`, the API client or a test.
+
+The shape of a deployment named `m` in namespace `ns`:
+- per (role, group, node rank) one Pod `m-<role>-<group>-<rank>`; the pods of one group
+  are one TP group of `tp = gpusPerPod * podsPerGroup` ranks;
+- per group one headless Service `m-<role>-<group>` (`publishNotReadyAddresses`, selector
+  includes the epoch), through which every rank finds rank 0 for the torch.distributed
+  rendezvous (`--dist-init-addr`), whose port also moves with the epoch, so a rank of
+  an old epoch can never join a new one;
+- the sglang-router (PD mode, Kubernetes service discovery on the role selectors of the
+  rank-0 pods, which are the only ones that serve HTTP), with its ServiceAccount and a
+  Role to watch pods, a Deployment and a Service.
+Every object is owned by the PDDeployment (when its uid is known), so deleting it
+garbage-collects everything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from lockstep import constants as c
+from lockstep.models import PDDeployment, RoleSpec
+from lockstep.policy import PolicyResult, RolePolicy, evaluate
+
+Obj = dict[str, Any]
+
+# A wedged NCCL rank ignores SIGTERM; the group is restarted as a whole, so there is
+# nothing to drain gracefully inside a pod.
+POD_GRACE_SECONDS = 15
+
+
+def group_name(pdd: PDDeployment, role: str, group: int) -> str:
+    """The name of a group's headless Service, also the pods' subdomain."""
+    return f"{pdd.metadata.name}-{role}-{group}"
+
+
+def pod_name(pdd: PDDeployment, role: str, group: int, rank: int) -> str:
+    """`<name>-<role>-<group>-<rank>`."""
+    return f"{group_name(pdd, role, group)}-{rank}"
+
+
+def dist_port(epoch: int) -> int:
+    """The rendezvous port of a group's epoch."""
+    return c.DIST_PORT_BASE + epoch % c.DIST_PORT_SPAN
+
+
+def deployment_labels(pdd: PDDeployment) -> dict[str, str]:
+    """Labels on every object of a deployment."""
+    return {
+        c.APP_INSTANCE: pdd.metadata.name,
+        c.APP_MANAGED_BY: c.MANAGER,
+        c.LABEL_DEPLOYMENT: pdd.metadata.name,
+    }
+
+
+def role_selector(pdd: PDDeployment, role: str) -> dict[str, str]:
+    """Selects the serving (rank-0) pods of a role: what the router discovers."""
+    return {c.LABEL_DEPLOYMENT: pdd.metadata.name, c.LABEL_ROLE: role, c.LABEL_RANK: "0"}
+
+
+def group_selector(pdd: PDDeployment, role: str, group: int) -> dict[str, str]:
+    """Selects every pod of one group, whatever its epoch."""
+    return {
+        c.LABEL_DEPLOYMENT: pdd.metadata.name,
+        c.LABEL_ROLE: role,
+        c.LABEL_GROUP: str(group),
+    }
+
+
+def owner_references(pdd: PDDeployment) -> list[Obj]:
+    """The PDDeployment as controller owner (empty when its uid is not known yet)."""
+    if not pdd.metadata.uid:
+        return []
+    return [
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "name": pdd.metadata.name,
+            "uid": pdd.metadata.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Obj:
+    meta: Obj = {"name": name, "labels": {**deployment_labels(pdd), **labels}}
+    if pdd.metadata.namespace:
+        meta["namespace"] = pdd.metadata.namespace
+    owners = owner_references(pdd)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta
+
+
+def _dist_init_addr(pdd: PDDeployment, role: str, group: int, epoch: int) -> str:
+    host = f"{pod_name(pdd, role, group, 0)}.{group_name(pdd, role, group)}"
+    if pdd.metadata.namespace:
+        host += f".{pdd.metadata.namespace}.svc"
+    return f"{host}:{dist_port(epoch)}"
+
+
+def spec_hash(obj: Any) -> str:
+    """A short stable hash of a JSON-able object (pod template changes roll groups)."""
+    raw = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _resources(role: RoleSpec) -> Obj:
+    gpus = str(role.gpus_per_pod)
+    requests = {k: v for k, v in role.resources.requests.items()}
+    limits = {k: v for k, v in role.resources.limits.items()}
+    requests["nvidia.com/gpu"] = gpus
+    limits["nvidia.com/gpu"] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _env(pdd: PDDeployment, role: RoleSpec, policy: RolePolicy, epoch: int) -> list[Obj]:
+    env: list[Obj] = [{"name": k, "value": v} for k, v in sorted(policy.env.items())]
+    env.append({"name": c.ENV_GROUP_EPOCH, "value": str(epoch)})
+    env.append({"name": c.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    for var in role.env:
+        item: Obj = {"name": var.name}
+        if var.value_from is not None:
+            item["valueFrom"] = var.value_from
+        else:
+            item["value"] = var.value or ""
+        env.append(item)
+    return env
+
+
+def build_group_pods(
+    pdd: PDDeployment, role_name: str, group: int, epoch: int, policy: RolePolicy
+) -> list[Obj]:
+    """Every pod of one TP group in one epoch, rank 0 first."""
+    role = pdd.spec.role(role_name)
+    pods = []
+    for rank in range(role.pods_per_group):
+        name = pod_name(pdd, role_name, group, rank)
+        labels = {
+            c.APP_NAME: "sglang",
+            c.APP_COMPONENT: role_name,
+            c.LABEL_COMPONENT: "sglang",
+            c.LABEL_ROLE: role_name,
+            c.LABEL_GROUP: str(group),
+            c.LABEL_RANK: str(rank),
+            c.LABEL_EPOCH: str(epoch),
+        }
+        args = [
+            *policy.argv,
+            "--node-rank",
+            str(rank),
+            "--dist-init-addr",
+            _dist_init_addr(pdd, role_name, group, epoch),
+        ]
+        leader = rank == 0
+        # Only rank 0 serves HTTP; the other ranks' readiness is their pod agent.
+        probe_path, probe_port = ("/health", "http") if leader else ("/ranks", "agent")
+        container: Obj = {
+            "name": "sglang",
+            "image": pdd.spec.image,
+            "imagePullPolicy": pdd.spec.image_pull_policy,
+            "command": ["lockstep-sglang"],
+            "args": args,
+            "env": _env(pdd, role, policy, epoch),
+            "ports": [
+                {"name": "http", "containerPort": c.PORT_HTTP, "protocol": "TCP"},
+                {"name": "bootstrap", "containerPort": c.PORT_BOOTSTRAP, "protocol": "TCP"},
+                {"name": "agent", "containerPort": c.PORT_AGENT, "protocol": "TCP"},
+                {"name": "dist", "containerPort": dist_port(epoch), "protocol": "TCP"},
+            ],
+            "resources": _resources(role),
+            "readinessProbe": {
+                "httpGet": {"path": probe_path, "port": probe_port},
+                "periodSeconds": 5,
+                "timeoutSeconds": 3,
+                "failureThreshold": 3,
+            },
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        }
+        volumes: list[Obj] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+        weights = pdd.spec.model.weights
+        if weights and (weights.persistent_volume_claim or weights.host_path):
+            container["volumeMounts"].append(
+                {"name": "weights", "mountPath": weights.mount_path, "readOnly": True}
+            )
+            if weights.persistent_volume_claim:
+                volumes.append(
+                    {
+                        "name": "weights",
+                        "persistentVolumeClaim": {
+                            "claimName": weights.persistent_volume_claim,
+                            "readOnly": True,
+                        },
+                    }
+                )
+            else:
+                volumes.append(
+                    {
+                        "name": "weights",
+                        "hostPath": {"path": weights.host_path, "type": "Directory"},
+                    }
+                )
+        pod_spec: Obj = {
+            "hostname": name,
+            "subdomain": group_name(pdd, role_name, group),
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": POD_GRACE_SECONDS,
+            "automountServiceAccountToken": False,
+            "readinessGates": [{"conditionType": c.READINESS_GATE}],
+            "containers": [container],
+            "volumes": volumes,
+        }
+        if role.node_selector:
+            pod_spec["nodeSelector"] = dict(role.node_selector)
+        if role.tolerations:
+            pod_spec["tolerations"] = [
+                t.model_dump(by_alias=True, exclude_none=True) for t in role.tolerations
+            ]
+        if role.priority_class_name:
+            pod_spec["priorityClassName"] = role.priority_class_name
+        meta = _metadata(pdd, name, labels)
+        meta["annotations"] = {c.ANNOTATION_SPEC_HASH: spec_hash(pod_spec)}
+        if role_name == "prefill" and leader:
+            # sglang-router reads a prefill worker's bootstrap port from this annotation.
+            meta["annotations"]["sglang.ai/bootstrap-port"] = str(c.PORT_BOOTSTRAP)
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
+    return pods
+
+
+def build_group_service(pdd: PDDeployment, role_name: str, group: int, epoch: int) -> Obj:
+    """The headless Service of one group in one epoch (DNS for the rendezvous)."""
+    selector = {**group_selector(pdd, role_name, group), c.LABEL_EPOCH: str(epoch)}
+    labels = {
+        c.LABEL_ROLE: role_name,
+        c.LABEL_GROUP: str(group),
+        c.LABEL_EPOCH: str(epoch),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(pdd, group_name(pdd, role_name, group), labels),
+        "spec": {
+            "clusterIP": "None",
+            # Ranks rendezvous before any of them is Ready.
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [
+                {"name": "dist", "port": dist_port(epoch), "protocol": "TCP"},
+                {"name": "http", "port": c.PORT_HTTP, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def _selector_args(selector: Mapping[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in sorted(selector.items())]
+
+
+def build_router(pdd: PDDeployment) -> list[Obj]:
+    """sglang-router in PD mode with Kubernetes service discovery, and what it needs."""
+    router = pdd.spec.router
+    name = f"{pdd.metadata.name}-router"
+    labels = {c.APP_NAME: "sglang-router", c.LABEL_COMPONENT: "router"}
+    namespace = pdd.metadata.namespace
+    args = [
+        "-m",
+        "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--service-discovery",
+        "--prefill-selector",
+        *_selector_args(role_selector(pdd, "prefill")),
+        "--decode-selector",
+        *_selector_args(role_selector(pdd, "decode")),
+        "--service-discovery-port",
+        str(c.PORT_HTTP),
+        "--policy",
+        router.policy,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(c.PORT_ROUTER),
+        "--prometheus-port",
+        str(c.PORT_ROUTER_METRICS),
+    ]
+    if namespace:
+        args += ["--service-discovery-namespace", namespace]
+    args += list(router.args)
+    pod_labels = {**deployment_labels(pdd), **labels}
+    service_account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(pdd, name, labels),
+    }
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(pdd, name, labels),
+        # Service discovery watches the worker pods of this namespace; nothing else.
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(pdd, name, labels),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [
+            {
+                "kind": "ServiceAccount",
+                "name": name,
+                **({"namespace": namespace} if namespace else {}),
+            }
+        ],
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(pdd, name, labels),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": {c.LABEL_DEPLOYMENT: pdd.metadata.name, **labels}},
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [
+                        {
+                            "name": "router",
+                            "image": router.image or pdd.spec.image,
+                            "imagePullPolicy": pdd.spec.image_pull_policy,
+                            "command": ["python3"],
+                            "args": args,
+                            "ports": [
+                                {"name": "http", "containerPort": c.PORT_ROUTER},
+                                {"name": "metrics", "containerPort": c.PORT_ROUTER_METRICS},
+                            ],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/health", "port": "http"},
+                                "periodSeconds": 5,
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(pdd, name, labels),
+        "spec": {
+            "selector": {c.LABEL_DEPLOYMENT: pdd.metadata.name, **labels},
+            "ports": [{"name": "http", "port": c.PORT_ROUTER, "targetPort": "http"}],
+        },
+    }
+    return [service_account, role, binding, deployment, service]
+
+
+def build_all(
+    pdd: PDDeployment,
+    policy: PolicyResult | None = None,
+    epochs: Mapping[tuple[str, int], int] | None = None,
+) -> list[Obj]:
+    """Every object of a deployment: groups (Service then pods) per role, then router.
+
+    `epochs` maps (role, group) to the group's current epoch (0 when absent).
+    """
+    policy = policy or evaluate(pdd.spec)
+    epochs = epochs or {}
+    objects: list[Obj] = []
+    for role_name in c.ROLES:
+        role = pdd.spec.role(role_name)
+        for group in range(role.replicas):
+            epoch = epochs.get((role_name, group), 0)
+            objects.append(build_group_service(pdd, role_name, group, epoch))
+            objects.extend(build_group_pods(pdd, role_name, group, epoch, policy.roles[role_name]))
+    if pdd.spec.router.enabled:
+        objects.extend(build_router(pdd))
+    return objects

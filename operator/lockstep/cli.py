@@ -1,0 +1,154 @@
+"""The `lockstep` command line.
+
+    lockstep check -f FILE [-o json] [--mode MODE]   validate a PDDeployment, run the policy
+    lockstep render -f FILE [--mode MODE]            the manifests, for `kubectl apply -f -`
+    lockstep crd                                     the CRD YAML
+
+Exit codes: 0 accepted, 1 rejected (invalid spec or refused by the flag policy),
+2 unreadable input (no such file, not YAML, not one mapping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from lockstep.builders import build_all
+from lockstep.crd import crd_yaml
+from lockstep.models import InvalidPDDeployment, PDDeployment, parse_pddeployment
+from lockstep.policy import PolicyResult, evaluate
+
+EXIT_OK, EXIT_REJECTED, EXIT_UNREADABLE = 0, 1, 2
+
+
+class UnreadableInput(Exception):
+    """The input file could not be read as one YAML mapping."""
+
+
+def load_document(path: str) -> dict[str, Any]:
+    """Read one YAML mapping from a file (`-` for stdin)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as err:
+        raise UnreadableInput(f"{path}: cannot read: {err.strerror or err}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        raise UnreadableInput(f"{path}: not valid YAML: {err}") from None
+    if len(docs) != 1 or not isinstance(docs[0], dict):
+        raise UnreadableInput(f"{path}: expected exactly one YAML mapping (a PDDeployment)")
+    return docs[0]
+
+
+def _with_mode(obj: dict[str, Any], mode: str | None) -> dict[str, Any]:
+    if mode is None:
+        return obj
+    spec = dict(obj.get("spec") or {})
+    spec["safety"] = {**(spec.get("safety") or {}), "mode": mode}
+    return {**obj, "spec": spec}
+
+
+def _spec_findings(err: InvalidPDDeployment) -> list[dict[str, Any]]:
+    return [
+        {
+            "rule": "schema",
+            "severity": "error",
+            "field": p.field,
+            "message": p.message,
+            "fix": p.fix,
+            "action": "rejected",
+            "issues": [],
+        }
+        for p in err.problems
+    ]
+
+
+def _evaluate(path: str, mode: str | None) -> tuple[PDDeployment | None, dict[str, Any]]:
+    """Parse and judge a file: (the object when valid, the check report)."""
+    obj = _with_mode(load_document(path), mode)
+    try:
+        pdd = parse_pddeployment(obj)
+    except InvalidPDDeployment as err:
+        return None, {"accepted": False, "findings": _spec_findings(err), "effective": {}}
+    result: PolicyResult = evaluate(pdd.spec)
+    return pdd, result.to_dict()
+
+
+def _print_human(path: str, report: dict[str, Any], mode: str, out: TextIO) -> None:
+    verdict = "accepted" if report["accepted"] else "REJECTED"
+    out.write(f"{path}: {verdict} (safety mode {mode})\n")
+    for f in report["findings"]:
+        cite = f" [{', '.join(f['issues'])}]" if f["issues"] else ""
+        out.write(f"  {f['action']:<8} {f['severity']:<7} {f['rule']}: {f['field']}{cite}\n")
+        out.write(f"           {f['message']}\n")
+        out.write(f"           fix: {f['fix']}\n")
+    for role, argv in report["effective"].items():
+        out.write(f"  {role}: {' '.join(argv)}\n")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    pdd, report = _evaluate(args.file, args.mode)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        mode = args.mode or (pdd.spec.safety.mode if pdd else "?")
+        _print_human(args.file, report, mode, sys.stdout)
+    return EXIT_OK if report["accepted"] else EXIT_REJECTED
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    pdd, report = _evaluate(args.file, args.mode)
+    if pdd is None or not report["accepted"]:
+        _print_human(args.file, report, args.mode or "?", sys.stderr)
+        return EXIT_REJECTED
+    objects = build_all(pdd)
+    sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False, width=100))
+    return EXIT_OK
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    sys.stdout.write(crd_yaml())
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lockstep", description="lockstep: SGLang PD TP groups kept in lockstep."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    modes = ["Enforce", "Reject", "Warn"]
+
+    check = sub.add_parser("check", help="validate a PDDeployment and run the flag policy")
+    check.add_argument("-f", "--file", required=True, help="PDDeployment YAML ('-': stdin)")
+    check.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    check.add_argument("--mode", choices=modes, help="override spec.safety.mode")
+    check.set_defaults(func=cmd_check)
+
+    render = sub.add_parser("render", help="print the manifests as multi-document YAML")
+    render.add_argument("-f", "--file", required=True, help="PDDeployment YAML ('-': stdin)")
+    render.add_argument("--mode", choices=modes, help="override spec.safety.mode")
+    render.set_defaults(func=cmd_render)
+
+    crd = sub.add_parser("crd", help="print the PDDeployment CRD")
+    crd.set_defaults(func=cmd_crd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except UnreadableInput as err:
+        print(f"lockstep: {err}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

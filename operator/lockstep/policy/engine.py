@@ -1,0 +1,623 @@
+"""The safety-flag policy: (role spec, SGLang version) -> effective argv, env, findings.
+
+Pure: no I/O, no Kubernetes, no SGLang import. The CLI (`lockstep check`), the admission
+webhook and the operator's reconcile all call `evaluate`, so a spec is judged the same
+way everywhere.
+
+Modes (`spec.safety.mode`), for rules about *unsafe* settings:
+- `Enforce`: adjust the argv/env and report the adjustment (severity warning);
+- `Reject`: refuse the spec, the finding's fix says what to write instead;
+- `Warn`: report only, the argv is left as written.
+Rules about *invalid* input (unknown or misspelt flags, wrong value types, flags the
+operator owns, an unsupported SGLang version) refuse in every mode: SGLang would fail to
+start or the group would not rendezvous. Operator defaults for missing timeouts are
+filled in `Enforce` and `Reject` (filling a default overrides nothing the user wrote)
+and only reported in `Warn`.
+
+Every rule is listed in `RULES` with the SGLang issues it comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from lockstep import constants as c
+from lockstep.models import PDDeploymentSpec, RoleSpec
+from lockstep.policy.flags import (
+    ArgItem,
+    FlagSpec,
+    FlagTable,
+    check_value,
+    load_flag_table,
+    split_args,
+)
+
+Severity = Literal["error", "warning", "info"]
+Action = Literal["adjusted", "rejected", "reported"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A policy rule: id, what it guards against, the SGLang issues behind it."""
+
+    id: str
+    title: str
+    issues: tuple[str, ...] = ()
+
+
+RULES: dict[str, Rule] = {
+    r.id: r
+    for r in (
+        Rule(
+            "overlap-schedule",
+            "The overlap scheduler on a TP>1 PD role without DP attention lets TP ranks "
+            "decide batch-vs-idle differently and hang in mismatched collectives",
+            ("sglang#26454", "sglang#20315", "sglang#20853"),
+        ),
+        Rule(
+            "watchdog-timeout",
+            "--watchdog-timeout must be set, positive and bounded (a shipped runtime used "
+            "1000000, i.e. no watchdog)",
+        ),
+        Rule(
+            "dist-timeout",
+            "--dist-timeout must be set so torch.distributed init cannot wait forever",
+        ),
+        Rule(
+            "operator-owned-flag",
+            "Flags the operator writes from the PDDeployment (parallelism, rendezvous, "
+            "ports, PD mode, transfer backend, model) may not be set in args",
+        ),
+        Rule("unknown-flag", "Flags must exist in the pinned SGLang's ServerArgs"),
+        Rule("flag-value", "Flag values must have the arity, type and choices SGLang expects"),
+        Rule("duplicate-flag", "A flag may be given once"),
+        Rule("deprecated-flag", "The flag is deprecated in the pinned SGLang"),
+        Rule(
+            "spec-grammar-dp-attention-overlap",
+            "Speculative decoding with grammar and DP attention under the overlap scheduler: "
+            "idle DP ranks take a different collective path and hang",
+            ("sglang#29144", "sglang#32527", "sglang#3600"),
+        ),
+        Rule(
+            "hicache-prefetch-tp",
+            "HiCache storage prefetch with TP>1: ranks issue a different number of "
+            "all_reduce calls in check_prefetch_progress and deadlock",
+            ("sglang#30760", "sglang#22607"),
+        ),
+        Rule(
+            "decode-queue-collectives",
+            "PD decode with TP>1: the preallocation/transfer queue poll skips its all_reduce "
+            "when a rank's local queue is empty, so ranks can issue different collective "
+            "sequences (present in 0.5.23)",
+            ("sglang#36928",),
+        ),
+        Rule("sglang-version", "The image's SGLang version must be the one lockstep pins"),
+        Rule(
+            "operator-owned-env",
+            "Environment variables the operator sets for the runtime may not be overridden",
+        ),
+    )
+}
+
+# Flags the operator writes, by spelling: the PDDeployment field to use instead.
+OWNED_FLAGS: dict[str, str] = {
+    "tp_size": "spec.{role}.tp",
+    "nnodes": "spec.{role}.podsPerGroup",
+    "node_rank": "nothing: the operator sets it per pod",
+    "dist_init_addr": "nothing: the operator sets it per group and epoch",
+    "host": "nothing: the operator binds every pod",
+    "port": "nothing: the operator assigns the ports",
+    "disaggregation_mode": "nothing: it follows the role (spec.prefill / spec.decode)",
+    "disaggregation_bootstrap_port": "nothing: the operator assigns the ports",
+    "disaggregation_transfer_backend": "spec.transfer.backend",
+    "disaggregation_ib_device": "spec.transfer.devices",
+    "dp_size": "spec.{role}.dp",
+    "attn_dp_size": "spec.{role}.dpAttention",
+    "enable_dp_attention": "spec.{role}.dpAttention",
+    "ep_size": "spec.{role}.ep",
+    "model_path": "spec.model.path",
+    "served_model_name": "spec.model.servedName",
+    "pp_size": "nothing: lockstep v1alpha1 runs TP groups without pipeline parallelism",
+}
+
+# Env the operator sets for the runtime; users may not override these.
+OWNED_ENV = (
+    c.ENV_CONSENSUS,
+    c.ENV_GLOO_TIMEOUT,
+    c.ENV_AGENT_PORT,
+    c.ENV_GROUP_EPOCH,
+    c.ENV_POD_NAME,
+)
+
+# NCCL flight recorder: keep a trace buffer and dump it when a collective times out, so
+# the evidence of a device-side hang survives the restart.
+FLIGHT_RECORDER_ENV = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/lockstep/nccl_trace_rank_",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One policy finding: which rule, how bad, which field, what, how to fix, what done."""
+
+    rule: str
+    severity: Severity
+    field: str
+    message: str
+    fix: str
+    action: Action
+    issues: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (status, CLI, webhook)."""
+        return {
+            "rule": self.rule,
+            "severity": self.severity,
+            "field": self.field,
+            "message": self.message,
+            "fix": self.fix,
+            "action": self.action,
+            "issues": list(self.issues),
+        }
+
+    def __str__(self) -> str:
+        cite = f" [{', '.join(self.issues)}]" if self.issues else ""
+        return f"{self.rule}: {self.field}: {self.message} (fix: {self.fix}){cite}"
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """The policy's verdict for one role."""
+
+    role: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    findings: tuple[Finding, ...]
+
+    @property
+    def accepted(self) -> bool:
+        """No finding refused the spec."""
+        return all(f.action != "rejected" for f in self.findings)
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """The verdict for both roles."""
+
+    roles: dict[str, RolePolicy]
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Every finding of every role."""
+        return [f for r in self.roles.values() for f in r.findings]
+
+    @property
+    def accepted(self) -> bool:
+        """Every role accepted."""
+        return all(r.accepted for r in self.roles.values())
+
+    @property
+    def adjusted(self) -> bool:
+        """Some flag or env was changed by the policy."""
+        return any(f.action == "adjusted" and f.severity != "info" for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """`{"accepted", "findings", "effective": {role: argv}}` for `lockstep check -o json`."""
+        return {
+            "accepted": self.accepted,
+            "findings": [f.to_dict() for f in self.findings],
+            "effective": {name: list(r.argv) for name, r in self.roles.items()},
+        }
+
+
+@dataclass
+class _Ctx:
+    """Working state while one role is evaluated."""
+
+    role_name: str
+    role: RoleSpec
+    spec: PDDeploymentSpec
+    table: FlagTable
+    items: list[ArgItem]
+    added: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        return self.spec.safety.mode
+
+    def path(self, item: ArgItem | None = None) -> str:
+        base = f"spec.{self.role_name}.args"
+        return f"{base}[{item.index}]" if item is not None else base
+
+    def find(self, dest: str) -> ArgItem | None:
+        for item in self.items:
+            spec = self.table.lookup(item.option)
+            if spec is not None and spec.dest == dest:
+                return item
+        return None
+
+    def has(self, dest: str) -> bool:
+        return self.find(dest) is not None or any(
+            (s := self.table.lookup(t)) is not None and s.dest == dest for t in self.added
+        )
+
+    def value(self, dest: str) -> str | None:
+        item = self.find(dest)
+        return item.values[0] if item is not None and item.values else None
+
+    def invalid(self, rule: str, fld: str, message: str, fix: str) -> None:
+        self.findings.append(
+            Finding(rule, "error", fld, message, fix, "rejected", RULES[rule].issues)
+        )
+
+    def unsafe(
+        self, rule: str, fld: str, message: str, fix: str, adjust: Callable[[], None]
+    ) -> None:
+        """An unsafe setting: adjusted, refused or reported, by mode."""
+        issues = RULES[rule].issues
+        if self.mode == "Enforce":
+            adjust()
+            self.findings.append(Finding(rule, "warning", fld, message, fix, "adjusted", issues))
+        elif self.mode == "Reject":
+            self.findings.append(Finding(rule, "error", fld, message, fix, "rejected", issues))
+        else:
+            self.findings.append(Finding(rule, "warning", fld, message, fix, "reported", issues))
+
+    def default(
+        self, rule: str, fld: str, message: str, fix: str, adjust: Callable[[], None]
+    ) -> None:
+        """A missing setting the operator fills (Enforce, Reject) or reports (Warn)."""
+        action: Action = "reported" if self.mode == "Warn" else "adjusted"
+        if action == "adjusted":
+            adjust()
+        severity: Severity = "warning" if action == "reported" else "info"
+        self.findings.append(Finding(rule, severity, fld, message, fix, action, RULES[rule].issues))
+
+    def guard(self) -> None:
+        """Turn on SGLang's rank consensus checker with lockstep's decision hooks."""
+        self.env[c.ENV_CONSENSUS] = "1"
+
+
+def evaluate(spec: PDDeploymentSpec, table: FlagTable | None = None) -> PolicyResult:
+    """Run the policy on both roles of a PDDeployment spec."""
+    table = table or load_flag_table()
+    return PolicyResult({name: evaluate_role(spec, name, table) for name in c.ROLES})
+
+
+def evaluate_role(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> RolePolicy:
+    """Run the policy on one role: the effective SGLang argv, env and findings."""
+    role = spec.role(role_name)
+    split = split_args(list(role.args))
+    ctx = _Ctx(role_name, role, spec, table, split.items)
+    for index, token in split.stray:
+        ctx.invalid(
+            "flag-value",
+            f"spec.{role_name}.args[{index}]",
+            f"{token!r} follows no flag",
+            "put it after the flag it belongs to, or remove it",
+        )
+    _check_version(ctx)
+    _check_flags(ctx)
+    _check_env(ctx)
+    _rule_overlap_schedule(ctx)
+    _rule_spec_grammar_dp_attention(ctx)
+    _rule_watchdog(ctx)
+    _rule_dist_timeout(ctx)
+    _rule_hicache_prefetch(ctx)
+    _rule_decode_queue(ctx)
+    env = {
+        **FLIGHT_RECORDER_ENV,
+        c.ENV_GLOO_TIMEOUT: str(spec.safety.gloo_timeout_seconds),
+        c.ENV_AGENT_PORT: str(c.PORT_AGENT),
+        **ctx.env,
+    }
+    user_tokens = [t for item in ctx.items for t in item.tokens()]
+    argv = (*_operator_argv(spec, role_name), *user_tokens, *ctx.added)
+    return RolePolicy(role_name, argv, env, tuple(ctx.findings))
+
+
+def _operator_argv(spec: PDDeploymentSpec, role_name: str) -> list[str]:
+    """The role-wide flags the operator owns (per-pod ones are added by the builders)."""
+    role = spec.role(role_name)
+    transfer = spec.transfer_for(role_name)
+    argv = [
+        "--model-path",
+        spec.model.path,
+        "--disaggregation-mode",
+        role_name,
+        "--tp-size",
+        str(role.tp),
+        "--nnodes",
+        str(role.pods_per_group),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(c.PORT_HTTP),
+        "--disaggregation-bootstrap-port",
+        str(c.PORT_BOOTSTRAP),
+        "--disaggregation-transfer-backend",
+        transfer.backend,
+    ]
+    if spec.model.served_name:
+        argv += ["--served-model-name", spec.model.served_name]
+    if transfer.devices:
+        argv += ["--disaggregation-ib-device", ",".join(transfer.devices)]
+    if role.dp > 1:
+        argv += ["--dp-size", str(role.dp)]
+    if role.dp_attention:
+        argv += ["--attn-dp-size", str(role.dp)]
+    if role.ep > 1:
+        argv += ["--ep-size", str(role.ep)]
+    return argv
+
+
+# ------------------------------------------------------------------- the rules
+
+
+def _check_version(ctx: _Ctx) -> None:
+    if ctx.spec.sglang_version != ctx.table.sglang_version:
+        ctx.invalid(
+            "sglang-version",
+            "spec.sglangVersion",
+            f"SGLang {ctx.spec.sglang_version} is not supported: lockstep's flag table, "
+            f"hooks and probes are written against {ctx.table.sglang_version}",
+            f"use an image built on SGLang {ctx.table.sglang_version} and set "
+            f"sglangVersion: {ctx.table.sglang_version!r}",
+        )
+
+
+def _check_flags(ctx: _Ctx) -> None:
+    seen: dict[str, ArgItem] = {}
+    kept: list[ArgItem] = []
+    for item in ctx.items:
+        spec = ctx.table.lookup(item.option)
+        fld = ctx.path(item)
+        if spec is None:
+            close = ctx.table.closest(item.option)
+            fix = f"did you mean {close}?" if close else "remove it"
+            ctx.invalid(
+                "unknown-flag",
+                fld,
+                f"{item.option} is not a flag of SGLang {ctx.table.sglang_version}",
+                fix,
+            )
+            continue
+        if spec.dest in OWNED_FLAGS:
+            use = OWNED_FLAGS[spec.dest].format(role=ctx.role_name)
+            fix = (
+                f"remove it; set {use} instead"
+                if use.startswith("spec.")
+                else f"remove it; set {use.removeprefix('nothing: ')}"
+            )
+            ctx.invalid("operator-owned-flag", fld, f"{item.option} is set by the operator", fix)
+            continue
+        if spec.dest in seen:
+            ctx.invalid(
+                "duplicate-flag",
+                fld,
+                f"{item.option} is already given at {ctx.path(seen[spec.dest])}",
+                "keep one of them",
+            )
+            continue
+        seen[spec.dest] = item
+        problem = _arity_problem(spec.arity, item)
+        if problem is None:
+            for value in item.values:
+                problem = problem or check_value(spec, value)
+        if problem is not None:
+            ctx.invalid("flag-value", fld, f"{item.option}: {problem}", _value_fix(spec))
+            continue
+        if spec.deprecated is not None:
+            ctx.findings.append(
+                Finding(
+                    "deprecated-flag",
+                    "warning",
+                    fld,
+                    f"{item.option} is deprecated in SGLang {ctx.table.sglang_version}",
+                    f"use {spec.deprecated}" if spec.deprecated else "remove it",
+                    "reported",
+                )
+            )
+        kept.append(item)
+    ctx.items = kept
+
+
+def _arity_problem(arity: str, item: ArgItem) -> str | None:
+    n = len(item.values)
+    if arity == "switch" and n:
+        return f"takes no value, got {item.values}"
+    if arity == "one" and n != 1:
+        return "needs exactly one value" if n == 0 else f"takes one value, got {n}"
+    if arity == "optional" and n > 1:
+        return f"takes at most one value, got {n}"
+    if arity == "some" and n == 0:
+        return "needs at least one value"
+    return None
+
+
+def _value_fix(spec: FlagSpec) -> str:
+    if spec.arity == "switch":
+        return f"write {spec.name} alone (it is a switch)"
+    if spec.choices:
+        return f"use one of: {', '.join(spec.choices)}"
+    kind = {"int": "an integer", "float": "a number", "json": "a JSON value"}.get(
+        str(spec.type), "a value"
+    )
+    return f"give {spec.name} {kind}"
+
+
+def _check_env(ctx: _Ctx) -> None:
+    for i, var in enumerate(ctx.role.env):
+        if var.name in OWNED_ENV:
+            ctx.invalid(
+                "operator-owned-env",
+                f"spec.{ctx.role_name}.env[{i}].name",
+                f"{var.name} is set by the operator",
+                "remove it (see spec.safety for the settings behind it)",
+            )
+
+
+def _overlap_on(ctx: _Ctx) -> bool:
+    return not ctx.has("disable_overlap_schedule")
+
+
+def _disable_overlap(ctx: _Ctx) -> Callable[[], None]:
+    def adjust() -> None:
+        if not ctx.has("disable_overlap_schedule"):
+            ctx.added.append("--disable-overlap-schedule")
+
+    return adjust
+
+
+def _rule_overlap_schedule(ctx: _Ctx) -> None:
+    role = ctx.role
+    if role.tp <= 1 or role.dp_attention or not _overlap_on(ctx):
+        return
+    if ctx.spec.safety.overlap_schedule == "Guarded":
+        ctx.guard()
+        ctx.findings.append(
+            Finding(
+                "overlap-schedule",
+                "info",
+                "spec.safety.overlapSchedule",
+                f"overlap schedule kept on for TP{role.tp} {ctx.role_name}, guarded by the "
+                "rank consensus checker (a divergence ends the group fast and it restarts)",
+                "none needed",
+                "adjusted",
+                RULES["overlap-schedule"].issues,
+            )
+        )
+        return
+    ctx.unsafe(
+        "overlap-schedule",
+        ctx.path(),
+        f"the overlap scheduler is on for TP{role.tp} {ctx.role_name} without DP attention",
+        "add --disable-overlap-schedule to args, or set spec.safety.overlapSchedule: Guarded",
+        _disable_overlap(ctx),
+    )
+
+
+def _rule_spec_grammar_dp_attention(ctx: _Ctx) -> None:
+    algo = ctx.value("speculative_algorithm")
+    grammar = ctx.value("grammar_backend") or "xgrammar"
+    if not (ctx.role.dp_attention and algo and algo.upper() != "NONE"):
+        return
+    if grammar == "none" or not _overlap_on(ctx):
+        return
+    ctx.unsafe(
+        "spec-grammar-dp-attention-overlap",
+        ctx.path(ctx.find("speculative_algorithm")),
+        f"speculative decoding ({algo}) with grammar backend {grammar} and DP attention "
+        "under the overlap scheduler can hang idle DP ranks",
+        "add --disable-overlap-schedule, or --grammar-backend none if no request uses "
+        "constrained decoding",
+        _disable_overlap(ctx),
+    )
+
+
+def _rule_watchdog(ctx: _Ctx) -> None:
+    safety = ctx.spec.safety
+    item = ctx.find("watchdog_timeout")
+    want = str(safety.watchdog_timeout_seconds)
+    if item is None:
+
+        def add() -> None:
+            ctx.added.extend(["--watchdog-timeout", want])
+
+        ctx.default(
+            "watchdog-timeout",
+            ctx.path(),
+            f"--watchdog-timeout is not set; the operator sets {want}s "
+            "(spec.safety.watchdogTimeoutSeconds)",
+            f"nothing, or add --watchdog-timeout {want} to args",
+            add,
+        )
+        return
+    value = float(item.values[0])
+    bound = safety.max_watchdog_timeout_seconds
+    if 0 < value <= bound:
+        return
+
+    def replace() -> None:
+        item.values = [want]
+
+    what = "disables the watchdog" if value <= 0 else f"exceeds the bound of {bound}s"
+    ctx.unsafe(
+        "watchdog-timeout",
+        ctx.path(item),
+        f"--watchdog-timeout {item.values[0]} {what}: a hung scheduler would never be ended",
+        f"use a value in (0, {bound}], e.g. {want}",
+        replace,
+    )
+
+
+def _rule_dist_timeout(ctx: _Ctx) -> None:
+    if ctx.find("dist_timeout") is not None:
+        return
+    want = str(ctx.spec.safety.dist_timeout_seconds)
+
+    def add() -> None:
+        ctx.added.extend(["--dist-timeout", want])
+
+    ctx.default(
+        "dist-timeout",
+        ctx.path(),
+        f"--dist-timeout is not set; the operator sets {want}s (spec.safety.distTimeoutSeconds)",
+        f"nothing, or add --dist-timeout {want} to args",
+        add,
+    )
+
+
+def _rule_hicache_prefetch(ctx: _Ctx) -> None:
+    if ctx.role.tp <= 1 or not ctx.has("enable_hierarchical_cache"):
+        return
+    if ctx.find("hicache_storage_backend") is None:
+        return
+    ctx.unsafe(
+        "hicache-prefetch-tp",
+        ctx.path(ctx.find("hicache_storage_backend")),
+        f"HiCache storage prefetch with TP{ctx.role.tp} can deadlock in "
+        "check_prefetch_progress; the operator turns on the rank consensus guard so a "
+        "divergence ends the group and it restarts",
+        "remove --hicache-storage-backend, or accept the guard (mode Enforce)",
+        ctx.guard,
+    )
+
+
+def _rule_decode_queue(ctx: _Ctx) -> None:
+    role = ctx.role
+    attn_tp = role.tp // role.dp if role.dp_attention else role.tp
+    if ctx.role_name != "decode" or attn_tp <= 1:
+        return
+    message = (
+        f"SGLang {ctx.table.sglang_version} PD decode with attention TP{attn_tp}: a rank "
+        "whose preallocation/transfer queue is empty skips the poll all_reduce its peers "
+        "issue; the rank consensus guard turns the divergence into a fast group restart"
+    )
+    if ctx.spec.safety.overlap_schedule == "Guarded":
+        ctx.guard()
+        ctx.findings.append(
+            Finding(
+                "decode-queue-collectives",
+                "info",
+                "spec.decode.tp",
+                message,
+                "none needed (guarded)",
+                "adjusted",
+                RULES["decode-queue-collectives"].issues,
+            )
+        )
+        return
+    ctx.unsafe(
+        "decode-queue-collectives",
+        "spec.decode.tp",
+        message,
+        "use mode Enforce (turns the guard on), or set spec.safety.overlapSchedule: Guarded",
+        ctx.guard,
+    )
