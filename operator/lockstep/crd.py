@@ -25,7 +25,8 @@ def structural_schema(model: type[Any]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of a pydantic model, every `$ref` inlined."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})
-    return _rewrite(raw, defs)
+    schema: dict[str, Any] = _rewrite(raw, defs)
+    return schema
 
 
 def _rewrite(node: Any, defs: dict[str, Any]) -> Any:

@@ -66,9 +66,7 @@ class WeightsVolume(_Model):
     host_path: str | None = Field(
         None, description="A directory on the node holding the weights (local NVMe cache)."
     )
-    mount_path: str = Field(
-        "/models", description="Where the weights appear inside the container."
-    )
+    mount_path: str = Field("/models", description="Where the weights appear inside the container.")
 
 
 class ModelSpec(_Model):
@@ -153,9 +151,7 @@ class RoleSpec(_Model):
     )
     gpus_per_pod: int = Field(ge=1, le=16, description="GPUs per pod (nvidia.com/gpu).")
     dp: int = Field(1, ge=1, le=256, description="Data-parallel size (--dp-size).")
-    dp_attention: bool = Field(
-        False, description="DP attention (--attn-dp-size dp); needs dp > 1."
-    )
+    dp_attention: bool = Field(False, description="DP attention (--attn-dp-size dp); needs dp > 1.")
     ep: int = Field(1, ge=1, le=256, description="Expert-parallel size (--ep-size).")
     args: list[str] = Field(
         default_factory=list,
@@ -320,9 +316,7 @@ class PDDeploymentSpec(_Model):
         description="Recovery of broken groups.",
         json_schema_extra=_obj_default(),
     )
-    paused: bool = Field(
-        False, description="Paused: no reconcile, no recovery; replicas may be 0."
-    )
+    paused: bool = Field(False, description="Paused: no reconcile, no recovery; replicas may be 0.")
 
     def role(self, name: str) -> RoleSpec:
         """The spec of role `prefill` or `decode`."""

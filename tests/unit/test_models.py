@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 from factories import GOOD_EXAMPLES, pdd_obj, with_path
-
 from lockstep.models import InvalidPDDeployment, parse_pddeployment
 
 BASE = pdd_obj()
@@ -46,25 +45,81 @@ SCHEMA_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("tp not an int", with_path(BASE, "spec.decode.tp", "two"), "spec.decode.tp"),
     ("tp zero", with_path(BASE, "spec.decode.tp", 0), "spec.decode.tp"),
     ("negative replicas", with_path(BASE, "spec.prefill.replicas", -1), "spec.prefill.replicas"),
-    ("gpusPerPod above 16", with_path(BASE, "spec.prefill.gpusPerPod", 17), "spec.prefill.gpusPerPod"),
-    ("missing image", {**BASE, "spec": {k: v for k, v in BASE["spec"].items() if k != "image"}}, "spec.image"),
-    ("missing decode", {**BASE, "spec": {k: v for k, v in BASE["spec"].items() if k != "decode"}}, "spec.decode"),
+    (
+        "gpusPerPod above 16",
+        with_path(BASE, "spec.prefill.gpusPerPod", 17),
+        "spec.prefill.gpusPerPod",
+    ),
+    (
+        "missing image",
+        {**BASE, "spec": {k: v for k, v in BASE["spec"].items() if k != "image"}},
+        "spec.image",
+    ),
+    (
+        "missing decode",
+        {**BASE, "spec": {k: v for k, v in BASE["spec"].items() if k != "decode"}},
+        "spec.decode",
+    ),
     ("missing model path", with_path(BASE, "spec.model", {}), "spec.model.path"),
     ("empty model path", with_path(BASE, "spec.model.path", ""), "spec.model.path"),
-    ("bad transfer backend", with_path(BASE, "spec.transfer.backend", "nccl"), "spec.transfer.backend"),
+    (
+        "bad transfer backend",
+        with_path(BASE, "spec.transfer.backend", "nccl"),
+        "spec.transfer.backend",
+    ),
     ("bad safety mode", with_path(BASE, "spec.safety.mode", "Strict"), "spec.safety.mode"),
-    ("bad overlapSchedule", with_path(BASE, "spec.safety.overlapSchedule", "On"), "spec.safety.overlapSchedule"),
-    ("bad recovery policy", with_path(BASE, "spec.recovery.policy", "Restart"), "spec.recovery.policy"),
-    ("bad router policy", with_path(BASE, "spec.router.policy", "least_load"), "spec.router.policy"),
+    (
+        "bad overlapSchedule",
+        with_path(BASE, "spec.safety.overlapSchedule", "On"),
+        "spec.safety.overlapSchedule",
+    ),
+    (
+        "bad recovery policy",
+        with_path(BASE, "spec.recovery.policy", "Restart"),
+        "spec.recovery.policy",
+    ),
+    (
+        "bad router policy",
+        with_path(BASE, "spec.router.policy", "least_load"),
+        "spec.router.policy",
+    ),
     ("unknown spec field", with_path(BASE, "spec.replicas", 2), "spec.replicas"),
-    ("misspelt role field", with_path(BASE, "spec.decode.podPerGroup", 2), "spec.decode.podPerGroup"),
+    (
+        "misspelt role field",
+        with_path(BASE, "spec.decode.podPerGroup", 2),
+        "spec.decode.podPerGroup",
+    ),
     ("args not a list", with_path(BASE, "spec.decode.args", "--foo"), "spec.decode.args"),
-    ("env item without name", with_path(BASE, "spec.decode.env", [{"value": "1"}]), "spec.decode.env[0].name"),
-    ("health period zero", with_path(BASE, "spec.health.periodSeconds", 0), "spec.health.periodSeconds"),
-    ("budget window too short", with_path(BASE, "spec.recovery.budget.windowSeconds", 5), "spec.recovery.budget.windowSeconds"),
-    ("watchdog default too big", with_path(BASE, "spec.safety.watchdogTimeoutSeconds", 999999), "spec.safety.watchdogTimeoutSeconds"),
-    ("bad toleration operator", with_path(BASE, "spec.decode.tolerations", [{"operator": "In"}]), "spec.decode.tolerations[0].operator"),
-    ("bad pull policy", with_path(BASE, "spec.imagePullPolicy", "Sometimes"), "spec.imagePullPolicy"),
+    (
+        "env item without name",
+        with_path(BASE, "spec.decode.env", [{"value": "1"}]),
+        "spec.decode.env[0].name",
+    ),
+    (
+        "health period zero",
+        with_path(BASE, "spec.health.periodSeconds", 0),
+        "spec.health.periodSeconds",
+    ),
+    (
+        "budget window too short",
+        with_path(BASE, "spec.recovery.budget.windowSeconds", 5),
+        "spec.recovery.budget.windowSeconds",
+    ),
+    (
+        "watchdog default too big",
+        with_path(BASE, "spec.safety.watchdogTimeoutSeconds", 999999),
+        "spec.safety.watchdogTimeoutSeconds",
+    ),
+    (
+        "bad toleration operator",
+        with_path(BASE, "spec.decode.tolerations", [{"operator": "In"}]),
+        "spec.decode.tolerations[0].operator",
+    ),
+    (
+        "bad pull policy",
+        with_path(BASE, "spec.imagePullPolicy", "Sometimes"),
+        "spec.imagePullPolicy",
+    ),
 ]
 
 
@@ -94,13 +149,21 @@ CROSS_CASES: list[tuple[str, dict[str, Any], str]] = [
         with_path(BASE, "spec.prefill", {"tp": 8, "gpusPerPod": 8, "ep": 3}),
         "spec.prefill.ep",
     ),
-    ("zero replicas when not paused", with_path(BASE, "spec.decode.replicas", 0), "spec.decode.replicas"),
+    (
+        "zero replicas when not paused",
+        with_path(BASE, "spec.decode.replicas", 0),
+        "spec.decode.replicas",
+    ),
     (
         "different transfer backends",
         with_path(BASE, "spec.decode.transfer", {"backend": "nixl"}),
         "spec.decode.transfer.backend",
     ),
-    ("probe timeout above period", with_path(BASE, "spec.health", {"periodSeconds": 2, "timeoutSeconds": 5}), "spec.health.timeoutSeconds"),
+    (
+        "probe timeout above period",
+        with_path(BASE, "spec.health", {"periodSeconds": 2, "timeoutSeconds": 5}),
+        "spec.health.timeoutSeconds",
+    ),
     (
         "backoff max below base",
         with_path(BASE, "spec.recovery.backoff", {"baseSeconds": 60, "maxSeconds": 30}),
@@ -108,7 +171,9 @@ CROSS_CASES: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "watchdog above its own bound",
-        with_path(BASE, "spec.safety", {"watchdogTimeoutSeconds": 600, "maxWatchdogTimeoutSeconds": 300}),
+        with_path(
+            BASE, "spec.safety", {"watchdogTimeoutSeconds": 600, "maxWatchdogTimeoutSeconds": 300}
+        ),
         "spec.safety.watchdogTimeoutSeconds",
     ),
     (

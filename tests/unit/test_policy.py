@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 from factories import pdd_obj, with_path
-
 from lockstep.models import parse_pddeployment
 from lockstep.policy import RULES, Finding, PolicyResult, evaluate
 from lockstep.policy.flags import load_flag_table
@@ -43,8 +42,18 @@ INVALID: list[tuple[str, list[str], str, str]] = [
     ("host", ["--host", "1.2.3.4"], "operator-owned-flag", "spec.decode.args[0]"),
     ("port", ["--port=31000"], "operator-owned-flag", "spec.decode.args[0]"),
     ("pd mode", ["--disaggregation-mode", "decode"], "operator-owned-flag", "spec.decode.args[0]"),
-    ("bootstrap port", ["--disaggregation-bootstrap-port", "9"], "operator-owned-flag", "spec.decode.args[0]"),
-    ("transfer backend", ["--disaggregation-transfer-backend", "nixl"], "operator-owned-flag", "spec.decode.args[0]"),
+    (
+        "bootstrap port",
+        ["--disaggregation-bootstrap-port", "9"],
+        "operator-owned-flag",
+        "spec.decode.args[0]",
+    ),
+    (
+        "transfer backend",
+        ["--disaggregation-transfer-backend", "nixl"],
+        "operator-owned-flag",
+        "spec.decode.args[0]",
+    ),
     ("dp attention", ["--enable-dp-attention"], "operator-owned-flag", "spec.decode.args[0]"),
     ("model path", ["--model-path", "/x"], "operator-owned-flag", "spec.decode.args[0]"),
     ("misspelt flag", ["--mem-fraction-statc", "0.8"], "unknown-flag", "spec.decode.args[0]"),
@@ -54,11 +63,26 @@ INVALID: list[tuple[str, list[str], str, str]] = [
     ("bad choice", ["--grammar-backend", "regex"], "flag-value", "spec.decode.args[0]"),
     ("switch with value", ["--trust-remote-code", "yes"], "flag-value", "spec.decode.args[0]"),
     ("missing value", ["--mem-fraction-static"], "flag-value", "spec.decode.args[0]"),
-    ("json type", ["--default-chat-template-kwargs", "{not json"], "flag-value", "spec.decode.args[0]"),
+    (
+        "json type",
+        ["--default-chat-template-kwargs", "{not json"],
+        "flag-value",
+        "spec.decode.args[0]",
+    ),
     ("human int type", ["--context-length", "32KB"], "flag-value", "spec.decode.args[0]"),
     ("stray token", ["0.8"], "flag-value", "spec.decode.args[0]"),
-    ("duplicate", ["--mem-fraction-static", "0.8", "--mem-fraction-static", "0.7"], "duplicate-flag", "spec.decode.args[2]"),
-    ("second flag index", ["--trust-remote-code", "--max-running-requests", "x"], "flag-value", "spec.decode.args[1]"),
+    (
+        "duplicate",
+        ["--mem-fraction-static", "0.8", "--mem-fraction-static", "0.7"],
+        "duplicate-flag",
+        "spec.decode.args[2]",
+    ),
+    (
+        "second flag index",
+        ["--trust-remote-code", "--max-running-requests", "x"],
+        "flag-value",
+        "spec.decode.args[1]",
+    ),
 ]
 
 
@@ -96,10 +120,17 @@ def test_operator_owned_env_is_refused() -> None:
 
 
 def test_valid_args_pass_through_in_order() -> None:
-    result = run(args_obj(["--mem-fraction-static", "0.8", "--trust-remote-code", "--page-size=64"]))
+    result = run(
+        args_obj(["--mem-fraction-static", "0.8", "--trust-remote-code", "--page-size=64"])
+    )
     argv = list(result.roles["decode"].argv)
     i = argv.index("--mem-fraction-static")
-    assert argv[i : i + 4] == ["--mem-fraction-static", "0.8", "--trust-remote-code", "--page-size=64"]
+    assert argv[i : i + 4] == [
+        "--mem-fraction-static",
+        "0.8",
+        "--trust-remote-code",
+        "--page-size=64",
+    ]
     assert result.accepted
 
 
@@ -203,23 +234,34 @@ def test_spec_grammar_dp_attention_overlap() -> None:
     f = finding(enforce, "spec-grammar-dp-attention-overlap", "decode")
     assert f.field == "spec.decode.args[0]" and "sglang#29144" in f.issues
     assert "--disable-overlap-schedule" in enforce.roles["decode"].argv
-    assert finding(run(pdd_obj(decode=decode), "Reject"), "spec-grammar-dp-attention-overlap").action == "rejected"
+    assert (
+        finding(run(pdd_obj(decode=decode), "Reject"), "spec-grammar-dp-attention-overlap").action
+        == "rejected"
+    )
     no_grammar = {**decode, "args": [*decode["args"], "--grammar-backend", "none"]}
     assert all(
-        f.rule != "spec-grammar-dp-attention-overlap" for f in run(pdd_obj(decode=no_grammar)).findings
+        f.rule != "spec-grammar-dp-attention-overlap"
+        for f in run(pdd_obj(decode=no_grammar)).findings
     )
 
 
 def test_hicache_prefetch_with_tp() -> None:
     prefill = {
         **TP2,
-        "args": ["--disable-overlap-schedule", "--enable-hierarchical-cache", "--hicache-storage-backend", "file"],
+        "args": [
+            "--disable-overlap-schedule",
+            "--enable-hierarchical-cache",
+            "--hicache-storage-backend",
+            "file",
+        ],
     }
     enforce = run(pdd_obj(prefill=prefill), "Enforce")
     f = finding(enforce, "hicache-prefetch-tp", "prefill")
     assert f.field == "spec.prefill.args[2]" and "sglang#30760" in f.issues
     assert enforce.roles["prefill"].env["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"] == "1"
-    assert finding(run(pdd_obj(prefill=prefill), "Reject"), "hicache-prefetch-tp").action == "rejected"
+    assert (
+        finding(run(pdd_obj(prefill=prefill), "Reject"), "hicache-prefetch-tp").action == "rejected"
+    )
 
 
 def test_decode_queue_collectives_guarded_in_enforce() -> None:
@@ -230,7 +272,10 @@ def test_decode_queue_collectives_guarded_in_enforce() -> None:
     assert enforce.roles["decode"].env["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"] == "1"
     warn = run(pdd_obj(decode=decode), "Warn")
     assert "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER" not in warn.roles["decode"].env
-    assert finding(run(pdd_obj(decode=decode), "Reject"), "decode-queue-collectives").action == "rejected"
+    assert (
+        finding(run(pdd_obj(decode=decode), "Reject"), "decode-queue-collectives").action
+        == "rejected"
+    )
 
 
 def test_every_finding_rule_is_documented() -> None:

@@ -1,0 +1,162 @@
+"""Manifest builders: pods, headless Services and the router, as DESIGN.md lays out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from factories import load_example, pdd_obj
+from lockstep import constants as c
+from lockstep.builders import build_all, build_group_pods, build_group_service, dist_port
+from lockstep.models import PDDeployment, parse_pddeployment
+from lockstep.policy import evaluate
+
+
+def deepseek() -> PDDeployment:
+    obj = load_example("deepseek-v3")
+    obj["metadata"]["uid"] = "uid-1"
+    return parse_pddeployment(obj)
+
+
+def kinds(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"]["name"]) for o in objects]
+
+
+def test_one_pod_per_role_group_rank_and_a_service_per_group() -> None:
+    objects = build_all(deepseek())
+    names = kinds(objects)
+    assert ("Pod", "deepseek-v3-prefill-0-0") in names
+    assert ("Pod", "deepseek-v3-prefill-1-0") in names
+    assert ("Pod", "deepseek-v3-decode-0-0") in names
+    assert ("Pod", "deepseek-v3-decode-0-1") in names
+    assert sum(k == "Pod" for k, _ in names) == 4
+    assert ("Service", "deepseek-v3-prefill-0") in names
+    assert ("Service", "deepseek-v3-decode-0") in names
+    assert {("Deployment", "deepseek-v3-router"), ("Service", "deepseek-v3-router")} <= set(names)
+
+
+def test_pods_of_a_group_rendezvous_on_rank_zero_of_their_epoch() -> None:
+    pdd = deepseek()
+    policy = evaluate(pdd.spec).roles["decode"]
+    pods = build_group_pods(pdd, "decode", 0, epoch=7, policy=policy)
+    for rank, pod in enumerate(pods):
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[args.index("--node-rank") + 1] == str(rank)
+        addr = args[args.index("--dist-init-addr") + 1]
+        assert addr == f"deepseek-v3-decode-0-0.deepseek-v3-decode-0.inference.svc:{dist_port(7)}"
+        assert args[args.index("--tp-size") + 1] == "16"
+        assert args[args.index("--nnodes") + 1] == "2"
+        assert pod["metadata"]["labels"][c.LABEL_EPOCH] == "7"
+        assert pod["spec"]["subdomain"] == "deepseek-v3-decode-0"
+    assert dist_port(7) != dist_port(8)
+
+
+def test_pod_carries_labels_gate_resources_and_owner() -> None:
+    pdd = deepseek()
+    pod = build_group_pods(pdd, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[1]
+    meta, spec = pod["metadata"], pod["spec"]
+    labels = meta["labels"]
+    assert labels[c.LABEL_DEPLOYMENT] == "deepseek-v3"
+    assert (labels[c.LABEL_ROLE], labels[c.LABEL_GROUP], labels[c.LABEL_RANK]) == (
+        "decode",
+        "0",
+        "1",
+    )
+    assert spec["readinessGates"] == [{"conditionType": "lockstep.dev/group-healthy"}]
+    container = spec["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container["resources"]["requests"]["memory"] == "512Gi"
+    assert container["command"] == ["lockstep-sglang"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"] == "1"  # decode-queue guard (Enforce)
+    assert env["LOCKSTEP_GROUP_EPOCH"] == "0"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert meta["ownerReferences"][0]["uid"] == "uid-1"
+    assert meta["ownerReferences"][0]["controller"] is True
+    # Rank 1 serves no HTTP: its readiness is its pod agent.
+    assert container["readinessProbe"]["httpGet"]["port"] == "agent"
+    assert c.ANNOTATION_SPEC_HASH in meta["annotations"]
+
+
+def test_user_env_and_weights_volume() -> None:
+    obj = pdd_obj(
+        decode={
+            "tp": 1,
+            "gpusPerPod": 1,
+            "env": [
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}
+            ],
+        },
+        model={"path": "/models/m", "weights": {"persistentVolumeClaim": "w"}},
+    )
+    pdd = parse_pddeployment(obj)
+    pod = build_group_pods(pdd, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[0]
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["weights"]["persistentVolumeClaim"]["claimName"] == "w"
+
+
+def test_group_service_is_headless_publishes_not_ready_and_selects_the_epoch() -> None:
+    svc = build_group_service(deepseek(), "decode", 0, epoch=3)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"][c.LABEL_EPOCH] == "3"
+    assert svc["spec"]["ports"][0]["port"] == dist_port(3)
+
+
+def test_router_discovers_rank_zero_pods_of_each_role() -> None:
+    objects = build_all(deepseek())
+    router = next(o for o in objects if o["kind"] == "Deployment")
+    args = router["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pd-disaggregation" in args and "--service-discovery" in args
+    pre = args[args.index("--prefill-selector") + 1 : args.index("--decode-selector")]
+    assert sorted(pre) == sorted(
+        ["lockstep.dev/deployment=deepseek-v3", "lockstep.dev/role=prefill", "lockstep.dev/rank=0"]
+    )
+    assert args[args.index("--policy") + 1] == "cache_aware"
+    assert args[args.index("--service-discovery-namespace") + 1] == "inference"
+    role = next(o for o in objects if o["kind"] == "Role")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+
+
+def test_prefill_leader_advertises_its_bootstrap_port_to_the_router() -> None:
+    pdd = deepseek()
+    pod = build_group_pods(pdd, "prefill", 0, 0, evaluate(pdd.spec).roles["prefill"])[0]
+    assert pod["metadata"]["annotations"]["sglang.ai/bootstrap-port"] == str(c.PORT_BOOTSTRAP)
+
+
+def test_epochs_are_per_group_and_router_can_be_disabled() -> None:
+    obj = load_example("deepseek-v3")
+    obj["spec"]["router"]["enabled"] = False
+    pdd = parse_pddeployment(obj)
+    objects = build_all(pdd, epochs={("prefill", 1): 4})
+    epochs = {
+        o["metadata"]["name"]: o["metadata"]["labels"][c.LABEL_EPOCH]
+        for o in objects
+        if o["kind"] == "Pod"
+    }
+    assert epochs["deepseek-v3-prefill-1-0"] == "4"
+    assert epochs["deepseek-v3-prefill-0-0"] == "0"
+    assert all(o["kind"] != "Deployment" for o in objects)
+
+
+def test_no_owner_reference_without_uid() -> None:
+    pdd = parse_pddeployment(load_example("pd-small"))
+    assert all("ownerReferences" not in o["metadata"] for o in build_all(pdd))
+
+
+def test_spec_hash_changes_with_the_pod_template_only() -> None:
+    def hashes(obj: dict[str, Any]) -> set[str]:
+        pdd = parse_pddeployment(obj)
+        return {
+            o["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
+            for o in build_all(pdd)
+            if o["kind"] == "Pod" and o["metadata"]["labels"][c.LABEL_ROLE] == "decode"
+        }
+
+    base = pdd_obj()
+    assert hashes(base) == hashes(pdd_obj())
+    changed = pdd_obj(decode={"tp": 1, "gpusPerPod": 1, "args": ["--trust-remote-code"]})
+    assert hashes(base) != hashes(changed)
