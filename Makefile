@@ -13,8 +13,11 @@ venv:
 tools:
 	@bash .ci/fetch-tools >/dev/null
 
+# For now: the flag policy and the manifests of the small example. The local-cluster
+# incident drill replaces this when it lands.
 demo: venv
 	$(BIN)/lockstep check -f examples/pd-small.yaml
+	$(BIN)/lockstep check -f examples/unsafe/overlap-schedule.yaml --mode Reject || true
 	$(BIN)/lockstep render -f examples/pd-small.yaml
 
 lint: venv

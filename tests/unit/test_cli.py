@@ -137,3 +137,11 @@ def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]
     code, out, _ = run(capsys, "crd")
     assert code == 0
     assert out == (REPO / "crds/pddeployments.lockstep.dev.yaml").read_text()
+
+
+def test_readme_documents_every_policy_rule() -> None:
+    from lockstep.policy import RULES
+
+    readme = (REPO / "README.md").read_text()
+    for rule in RULES:
+        assert f"`{rule}`" in readme, f"README lacks rule {rule}"
