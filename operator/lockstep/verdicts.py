@@ -1,0 +1,577 @@
+"""Verdicts: what is wrong with one TP group, from what the prober and the API server saw.
+
+Pure: no I/O, no clock. The prober (I/O layer) gathers one `GroupObservation` per round:
+the deep-probe outcome of the group's rank-0 pod, the pods of the group as the API server
+lists them, and — only when the probe failed — the rank states every pod agent serves
+(`GET /ranks`). `classify_group` turns it, together with the previous round's rank states
+(for progress), into a `GroupVerdict`:
+
+| verdict    | when                                                         | acts         |
+| ---------- | ------------------------------------------------------------ | ------------ |
+| `Healthy`  | the probe passed                                             | —            |
+| `Slow`     | the probe failed but every rank's loop iteration advanced    | never        |
+| `Desynced` | a rank reported a consensus failure                          | at once      |
+| `Desynced` | ranks in different collectives or decision sequences         | threshold    |
+| `Hung`     | every rank in the same collective (or none), no progress     | threshold    |
+| `RankDown` | pod missing, deleted, evicted or Failed; container not       | at once      |
+|            | running; a restart count moved; a rank process gone          |              |
+| `Unknown`  | the probe failed and no rank state could be read             | threshold    |
+
+"threshold" means the recovery planner needs `health.failureThreshold` consecutive failed
+observations; "at once" means the first one decides. Ranks sampled from several pods are
+not a consistent snapshot, so a one-step skew between healthy ranks is normal: that is
+why state-based verdicts wait for the threshold, and why progress (checked first) wins
+over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from lockstep import constants as c
+
+# Evidence is kept in status and Events: bound every list and every string in it.
+MAX_EVIDENCE_ITEMS = 16
+MAX_EVIDENCE_TEXT = 240
+
+EvidenceValue = str | int | float | bool | None | list[str]
+
+
+class Verdict(StrEnum):
+    """What is wrong with a group (the string is what status and Events show)."""
+
+    HEALTHY = "Healthy"
+    SLOW = "Slow"
+    DESYNCED = "Desynced"
+    HUNG = "Hung"
+    RANK_DOWN = "RankDown"
+    UNKNOWN = "Unknown"
+
+    @property
+    def is_failure(self) -> bool:
+        """A verdict that may lead to a restart (Healthy and Slow never do)."""
+        return self not in (Verdict.HEALTHY, Verdict.SLOW)
+
+
+class Signal(StrEnum):
+    """The individual facts a verdict rests on (several may hold at once)."""
+
+    PROBE_FAILED = "probe-failed"
+    PROBE_TIMEOUT = "probe-timeout"
+    POD_MISSING = "pod-missing"
+    POD_DELETED = "pod-deleted"
+    POD_EVICTED = "pod-evicted"
+    POD_FAILED = "pod-failed"
+    POD_NOT_STARTED = "pod-not-started"
+    CONTAINER_NOT_RUNNING = "container-not-running"
+    CONTAINER_RESTARTED = "container-restarted"
+    RANK_EXITED = "rank-exited"
+    CONSENSUS_FAILURE = "consensus-failure"
+    AGENT_UNREACHABLE = "agent-unreachable"
+    PROGRESS = "progress"
+    DIFFERENT_COLLECTIVES = "different-collectives"
+    DIFFERENT_DECISIONS = "different-decisions"
+    SAME_COLLECTIVE = "same-collective"
+    NO_PROGRESS = "no-progress"
+
+
+# Signals that prove the current epoch broke (as opposed to "not up yet"): the recovery
+# planner acts on these even while it waits for a new epoch to pass its first probe.
+BROKEN_SIGNALS = frozenset(
+    {
+        Signal.POD_DELETED,
+        Signal.POD_EVICTED,
+        Signal.POD_FAILED,
+        Signal.CONTAINER_RESTARTED,
+        Signal.RANK_EXITED,
+        Signal.CONSENSUS_FAILURE,
+    }
+)
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The last scheduling decision a rank made; every TP rank must make the same ones."""
+
+    kind: str
+    seq: int
+    forward_mode: str | None = None
+    batch_size: int = 0
+    rids_hash: str = ""
+
+
+@dataclass(frozen=True)
+class Collective:
+    """The collective a rank is inside now (`seq` counts collectives on `group`)."""
+
+    op: str
+    group: str
+    seq: int
+    since: float
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """Ranks that are in step wait in collectives with equal keys."""
+        return (self.op, self.group, self.seq)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank's published state, as its pod agent served it."""
+
+    pod: str
+    rank: int
+    iteration: int
+    tp_rank: int | None = None
+    pid: int | None = None
+    alive: bool = True
+    last_decision: Decision | None = None
+    collective: Collective | None = None
+    consensus_failure: str | None = None
+    updated_at: float | None = None
+
+    @property
+    def identity(self) -> tuple[str, int, int | None]:
+        """Two samples are comparable only for the same process of the same rank."""
+        return (self.pod, self.rank, self.pid)
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    """What one pod agent answered; `ranks is None` when it could not be reached."""
+
+    pod: str
+    ranks: tuple[RankState, ...] | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The facts about one pod of a group that verdicts and recovery use."""
+
+    name: str
+    uid: str
+    epoch: int | None
+    rank: int | None = None
+    phase: str = "Running"
+    deleting: bool = False
+    evicted: bool = False
+    container_running: bool = True
+    restart_count: int = 0
+    ready: bool = True
+    # The `lockstep.dev/group-healthy` readiness-gate condition: None when never set.
+    gate: bool | None = None
+
+
+ProbeStatus = Literal["ok", "failed", "timeout"]
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """The deep probe (a no-op collective on every rank) of a group's rank-0 pod."""
+
+    status: ProbeStatus
+    latency_ms: float | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The collective passed on every rank."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class GroupObservation:
+    """One round of the prober for one group.
+
+    `pods` lists every pod of the group the API server knows, of any epoch;
+    `restart_baseline` maps a pod UID to its restart count when the epoch started (a
+    UID missing from it counts from 0, which is right for freshly created pods);
+    `agents` is empty when the probe passed (agents are read only on failure).
+    """
+
+    epoch: int
+    expected_pods: int
+    probe: ProbeOutcome
+    pods: tuple[PodView, ...] = ()
+    agents: tuple[AgentReport, ...] = ()
+    restart_baseline: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """The classification of one observation.
+
+    `immediate` verdicts act on the first observation; the others need
+    `failureThreshold` consecutive failures. `observed_at` and `epoch` let the planner
+    count each observation once and drop verdicts about an epoch it already replaced.
+    """
+
+    verdict: Verdict
+    immediate: bool
+    reason: str
+    epoch: int
+    observed_at: float
+    signals: frozenset[Signal] = frozenset()
+    evidence: Mapping[str, EvidenceValue] = field(default_factory=dict)
+    latency_ms: float | None = None
+
+    @property
+    def is_failure(self) -> bool:
+        """This observation counts as a failure of the group."""
+        return self.verdict.is_failure
+
+
+# ---------------------------------------------------------------------------- parsers
+
+
+class AgentDataError(ValueError):
+    """A pod agent answered with something that is not a rank state."""
+
+
+def rank_state_from_agent_json(obj: Mapping[str, Any], *, pod: str) -> RankState:
+    """Parse one rank of a pod agent's `GET /ranks` answer (schema below).
+
+    The one place that knows the runtime's JSON (``lockstep.dev/rank-state/v1``, see
+    `lockstep_sglang.rank_state`); a renamed field is a change here only::
+
+        {"rank": int, "tp_rank": int, "pid": int, "alive": bool (optional, default true),
+         "iteration": int, "updated_at": float,
+         "last_decision": null | {"kind", "forward_mode", "batch_size", "rids_hash", "seq"},
+         "collective": null | {"op", "group", "seq", "since"},
+         "consensus_failure": null | str | {"detected_at", "rank", "first_divergence", ...}}
+
+    A consensus failure given as an object is summarised into a bounded string. Raises
+    `AgentDataError` when a required field is missing or has the wrong type.
+    """
+    try:
+        decision_obj = obj.get("last_decision")
+        decision = None
+        if decision_obj is not None:
+            decision = Decision(
+                kind=str(decision_obj["kind"]),
+                seq=_int(decision_obj["seq"]),
+                forward_mode=_opt_str(decision_obj.get("forward_mode")),
+                batch_size=_int(decision_obj.get("batch_size", 0)),
+                rids_hash=str(decision_obj.get("rids_hash", "")),
+            )
+        coll_obj = obj.get("collective")
+        collective = None
+        if coll_obj is not None:
+            collective = Collective(
+                op=str(coll_obj["op"]),
+                group=str(coll_obj["group"]),
+                seq=_int(coll_obj["seq"]),
+                since=float(coll_obj["since"]),
+            )
+        updated = obj.get("updated_at")
+        return RankState(
+            pod=pod,
+            rank=_int(obj["rank"]),
+            iteration=_int(obj["iteration"]),
+            tp_rank=_opt_int(obj.get("tp_rank")),
+            pid=_opt_int(obj.get("pid")),
+            alive=bool(obj.get("alive", True)),
+            last_decision=decision,
+            collective=collective,
+            consensus_failure=_failure_summary(obj.get("consensus_failure")),
+            updated_at=None if updated is None else float(updated),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise AgentDataError(f"pod {pod}: bad rank state: {err!r}") from None
+
+
+def agent_report_from_json(pod: str, obj: Any) -> AgentReport:
+    """A pod agent's whole answer: a list of rank states, or `{"ranks": [...]}`."""
+    items = obj.get("ranks") if isinstance(obj, Mapping) else obj
+    if not isinstance(items, list):
+        raise AgentDataError(f"pod {pod}: expected a list of rank states")
+    return AgentReport(pod, tuple(rank_state_from_agent_json(i, pod=pod) for i in items))
+
+
+def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
+    """The facts `classify_group` and the recovery planner need from a Kubernetes Pod dict.
+
+    Restart counts are summed over every container (an init or sidecar restart breaks the
+    rendezvous just the same); "running" means every regular container is running.
+    """
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    conditions = {
+        cond.get("type"): cond
+        for cond in status.get("conditions") or []
+        if isinstance(cond, Mapping)
+    }
+    statuses = [s for s in status.get("containerStatuses") or [] if isinstance(s, Mapping)]
+    phase = str(status.get("phase") or "Pending")
+    disruption = conditions.get("DisruptionTarget", {})
+    gate = conditions.get(c.READINESS_GATE)
+    return PodView(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        epoch=_label_int(labels, c.LABEL_EPOCH),
+        rank=_label_int(labels, c.LABEL_RANK),
+        phase=phase,
+        deleting=meta.get("deletionTimestamp") is not None,
+        # Kubelet eviction leaves reason Evicted; API-initiated eviction and preemption
+        # set the DisruptionTarget condition before the pod goes.
+        evicted=status.get("reason") == "Evicted" or disruption.get("status") == "True",
+        container_running=bool(statuses)
+        and all("running" in (s.get("state") or {}) for s in statuses),
+        restart_count=sum(
+            _int(s.get("restartCount", 0))
+            for s in [*statuses, *(status.get("initContainerStatuses") or [])]
+            if isinstance(s, Mapping)
+        ),
+        ready=conditions.get("Ready", {}).get("status") == "True",
+        gate=None if gate is None else gate.get("status") == "True",
+    )
+
+
+# ---------------------------------------------------------------------------- classify
+
+
+def classify_group(
+    obs: GroupObservation,
+    previous: Sequence[RankState] = (),
+    *,
+    now: float,
+) -> GroupVerdict:
+    """Classify one observation of a group (see the module docstring for the table).
+
+    `previous` are the rank states of the previous failed observation of the same group,
+    if any; progress is only judged between samples of the same process.
+    """
+    evidence: dict[str, EvidenceValue] = {"probe": _probe_text(obs.probe)}
+    signals: set[Signal] = set()
+    ranks = [r for a in obs.agents if a.ranks is not None for r in a.ranks]
+    unreachable = [a.pod for a in obs.agents if a.ranks is None]
+    if unreachable:
+        signals.add(Signal.AGENT_UNREACHABLE)
+        evidence["agents_unreachable"] = _bounded(unreachable)
+    if ranks:
+        evidence["ranks"] = _bounded(_rank_text(r) for r in ranks)
+
+    def verdict(v: Verdict, immediate: bool, reason: str) -> GroupVerdict:
+        return GroupVerdict(
+            verdict=v,
+            immediate=immediate,
+            reason=_clip(reason),
+            epoch=obs.epoch,
+            observed_at=now,
+            signals=frozenset(signals),
+            evidence=evidence,
+            latency_ms=obs.probe.latency_ms,
+        )
+
+    # An explicit divergence report is the strongest evidence there is: it names the
+    # decision that differed, so it wins over the rank death it causes.
+    failed = [r for r in ranks if r.consensus_failure]
+    if failed:
+        signals.add(Signal.CONSENSUS_FAILURE)
+        evidence["consensus_failure"] = _bounded(
+            f"{r.pod}/r{r.rank}: {r.consensus_failure}" for r in failed
+        )
+        first = failed[0]
+        return verdict(
+            Verdict.DESYNCED,
+            True,
+            f"rank {first.rank} ({first.pod}) reported a consensus failure",
+        )
+
+    down = _pod_problems(obs, signals)
+    if down:
+        evidence["pods"] = _bounded(down)
+        return verdict(Verdict.RANK_DOWN, True, down[0])
+    exited = [r for r in ranks if not r.alive]
+    if exited:
+        signals.add(Signal.RANK_EXITED)
+        names = [f"{r.pod}/r{r.rank}" for r in exited]
+        evidence["ranks_exited"] = _bounded(names)
+        return verdict(Verdict.RANK_DOWN, True, f"rank process gone: {', '.join(names[:4])}")
+
+    if obs.probe.ok:
+        return verdict(Verdict.HEALTHY, False, "deep probe passed")
+
+    signals.add(Signal.PROBE_TIMEOUT if obs.probe.status == "timeout" else Signal.PROBE_FAILED)
+    if not ranks:
+        not_started = Signal.POD_NOT_STARTED in signals
+        why = "pods not started yet" if not_started else "no rank state could be read"
+        return verdict(Verdict.UNKNOWN, False, f"deep probe {obs.probe.status}; {why}")
+
+    advanced, stalled = _progress(ranks, previous)
+    if advanced and not stalled:
+        signals.add(Signal.PROGRESS)
+        return verdict(
+            Verdict.SLOW,
+            False,
+            f"deep probe {obs.probe.status} but every rank progressed "
+            f"({len(advanced)} ranks advanced their iteration)",
+        )
+    if advanced:
+        evidence["progressed"] = _bounded(f"{r.pod}/r{r.rank}" for r in advanced)
+
+    decisions = {
+        (d.seq, d.kind, d.forward_mode, d.batch_size, d.rids_hash)
+        for r in ranks
+        if (d := r.last_decision) is not None
+    }
+    seqs = sorted({d[0] for d in decisions})
+    if len(decisions) > 1:
+        signals.add(Signal.DIFFERENT_DECISIONS)
+        what = (
+            f"decision sequences differ ({seqs[0]}..{seqs[-1]})"
+            if len(seqs) > 1
+            else f"ranks made different decisions at sequence {seqs[0]}"
+        )
+        return verdict(Verdict.DESYNCED, False, what)
+
+    collectives = {None if r.collective is None else r.collective.key for r in ranks}
+    if len(collectives) > 1:
+        signals.add(Signal.DIFFERENT_COLLECTIVES)
+        shown = sorted(_key_text(k) for k in collectives)
+        return verdict(Verdict.DESYNCED, False, f"ranks in different collectives: {shown}")
+
+    signals.add(Signal.NO_PROGRESS)
+    (key,) = collectives
+    if key is None:
+        return verdict(Verdict.HUNG, False, "no rank progressed and none is in a collective")
+    signals.add(Signal.SAME_COLLECTIVE)
+    since = min(r.collective.since for r in ranks if r.collective is not None)
+    evidence["collective_since"] = since
+    return verdict(
+        Verdict.HUNG,
+        False,
+        f"every rank waits in {_key_text(key)} for {max(0.0, now - since):.1f}s, no progress",
+    )
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _pod_problems(obs: GroupObservation, signals: set[Signal]) -> list[str]:
+    """Why the pods of the current epoch cannot be a working group (empty: they can)."""
+    problems: list[str] = []
+    current = [p for p in obs.pods if p.epoch == obs.epoch]
+    if len(current) < obs.expected_pods:
+        signals.add(Signal.POD_MISSING)
+        have = sorted(p.rank for p in current if p.rank is not None)
+        problems.append(
+            f"{obs.expected_pods - len(current)} of {obs.expected_pods} pods missing "
+            f"(ranks present: {have})"
+        )
+    for pod in current:
+        baseline = obs.restart_baseline.get(pod.uid, 0)
+        if pod.deleting:
+            signals.add(Signal.POD_DELETED)
+            problems.append(f"pod {pod.name} is being deleted")
+        elif pod.evicted:
+            signals.add(Signal.POD_EVICTED)
+            problems.append(f"pod {pod.name} was evicted")
+        elif pod.phase in ("Failed", "Succeeded"):
+            signals.add(Signal.POD_FAILED)
+            problems.append(f"pod {pod.name} is {pod.phase}")
+        elif pod.restart_count > baseline:
+            signals.add(Signal.CONTAINER_RESTARTED)
+            problems.append(
+                f"pod {pod.name} restarted (restart count {baseline} -> {pod.restart_count})"
+            )
+        elif not pod.container_running:
+            # A pod that never ran (scheduling, image pull) is starting, not down: the
+            # planner's startup deadline covers it.
+            if pod.phase == "Pending":
+                signals.add(Signal.POD_NOT_STARTED)
+            else:
+                signals.add(Signal.CONTAINER_NOT_RUNNING)
+                problems.append(f"pod {pod.name}: container not running")
+    return problems
+
+
+def _progress(
+    ranks: Iterable[RankState], previous: Sequence[RankState]
+) -> tuple[list[RankState], list[RankState]]:
+    """(ranks whose iteration advanced, ranks that did not) among comparable samples."""
+    before = {r.identity: r.iteration for r in previous}
+    advanced: list[RankState] = []
+    stalled: list[RankState] = []
+    for r in ranks:
+        if r.identity not in before:
+            continue
+        (advanced if r.iteration > before[r.identity] else stalled).append(r)
+    return advanced, stalled
+
+
+def _probe_text(probe: ProbeOutcome) -> str:
+    text: str = probe.status
+    if probe.latency_ms is not None:
+        text += f" {probe.latency_ms:.0f}ms"
+    if probe.error:
+        text += f": {probe.error}"
+    return _clip(text)
+
+
+def _rank_text(r: RankState) -> str:
+    parts = [f"{r.pod}/r{r.rank}", f"it={r.iteration}"]
+    if r.last_decision is not None:
+        parts.append(f"dec={r.last_decision.kind}#{r.last_decision.seq}")
+    if r.collective is not None:
+        parts.append(f"in={_key_text(r.collective.key)}")
+    if not r.alive:
+        parts.append("exited")
+    return " ".join(parts)
+
+
+def _key_text(key: tuple[str, str, int] | None) -> str:
+    return "none" if key is None else f"{key[0]}@{key[1]}#{key[2]}"
+
+
+def _failure_summary(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, Mapping):
+        div = value.get("first_divergence")
+        text = f"divergence after {value.get('events_checked', '?')} events"
+        if isinstance(div, Mapping):
+            text += f" at index {div.get('index')}: {dict(div.get('events') or {})}"
+        return _clip(text)
+    return _clip(str(value))
+
+
+def _bounded(items: Iterable[str]) -> list[str]:
+    out = [_clip(i) for i in items]
+    if len(out) > MAX_EVIDENCE_ITEMS:
+        return [*out[: MAX_EVIDENCE_ITEMS - 1], f"... and {len(out) - MAX_EVIDENCE_ITEMS + 1} more"]
+    return out
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_EVIDENCE_TEXT else text[: MAX_EVIDENCE_TEXT - 3] + "..."
+
+
+def _int(value: Any) -> int:
+    # bool is an int in Python; a rank or counter given as true/false is malformed.
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _label_int(labels: Mapping[str, Any], key: str) -> int | None:
+    try:
+        return int(labels[key])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,504 @@
+"""Verdicts: what the prober saw -> Healthy, Slow, Desynced, Hung, RankDown or Unknown."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from lockstep import constants as c
+from lockstep.verdicts import (
+    MAX_EVIDENCE_ITEMS,
+    MAX_EVIDENCE_TEXT,
+    AgentDataError,
+    AgentReport,
+    Collective,
+    Decision,
+    GroupObservation,
+    PodView,
+    ProbeOutcome,
+    RankState,
+    Signal,
+    Verdict,
+    agent_report_from_json,
+    classify_group,
+    pod_view_from_k8s,
+    rank_state_from_agent_json,
+)
+
+NOW = 1_000_000.0
+EPOCH = 3
+OK = ProbeOutcome("ok", latency_ms=4.0)
+TIMEOUT = ProbeOutcome("timeout", error="no answer in 3s")
+FAILED = ProbeOutcome("failed", error="HTTP 503")
+ALLREDUCE = Collective("all_reduce", "tp:cpu", 88, NOW - 30)
+BROADCAST = Collective("broadcast_pyobj", "tp:cpu", 87, NOW - 30)
+
+
+def pod(rank: int, **kw: Any) -> PodView:
+    base = PodView(name=f"m-decode-0-{rank}", uid=f"uid-{rank}", epoch=EPOCH, rank=rank)
+    return replace(base, **kw)
+
+
+def rs(pod_rank: int, rank: int, iteration: int = 100, seq: int = 50, **kw: Any) -> RankState:
+    base = RankState(
+        pod=f"m-decode-0-{pod_rank}",
+        rank=rank,
+        iteration=iteration,
+        pid=1000 + rank,
+        last_decision=Decision("batch", seq, "DECODE", 8, "abc"),
+        collective=ALLREDUCE,
+    )
+    return replace(base, **kw)
+
+
+def agents(*ranks: RankState) -> tuple[AgentReport, ...]:
+    by_pod: dict[str, list[RankState]] = {}
+    for r in ranks:
+        by_pod.setdefault(r.pod, []).append(r)
+    return tuple(AgentReport(p, tuple(rr)) for p, rr in by_pod.items())
+
+
+def observe(
+    probe: ProbeOutcome = TIMEOUT,
+    ranks: tuple[RankState, ...] = (),
+    pods: tuple[PodView, ...] | None = None,
+    baseline: dict[str, int] | None = None,
+    extra_agents: tuple[AgentReport, ...] = (),
+) -> GroupObservation:
+    return GroupObservation(
+        epoch=EPOCH,
+        expected_pods=2,
+        probe=probe,
+        pods=(pod(0), pod(1)) if pods is None else pods,
+        agents=agents(*ranks) + extra_agents,
+        restart_baseline=baseline or {},
+    )
+
+
+# Two pods, two ranks each; the previous sample is the same processes at iteration 100.
+PREV = (rs(0, 0), rs(0, 1), rs(1, 2), rs(1, 3))
+
+
+def all_ranks(**kw: Any) -> tuple[RankState, ...]:
+    return tuple(replace(r, **kw) for r in PREV)
+
+
+CASES: list[tuple[str, GroupObservation, tuple[RankState, ...], Verdict, bool, Signal | None]] = [
+    ("probe passes", observe(OK), (), Verdict.HEALTHY, False, None),
+    (
+        "probe times out, every rank progressed",
+        observe(ranks=all_ranks(iteration=140)),
+        PREV,
+        Verdict.SLOW,
+        False,
+        Signal.PROGRESS,
+    ),
+    (
+        "consensus failure reported",
+        observe(ranks=(*PREV[:3], replace(PREV[3], consensus_failure="hash mismatch at 51"))),
+        PREV,
+        Verdict.DESYNCED,
+        True,
+        Signal.CONSENSUS_FAILURE,
+    ),
+    (
+        "ranks at different decision sequences",
+        observe(
+            ranks=(*PREV[:2], *(replace(r, last_decision=Decision("batch", 51)) for r in PREV[2:]))
+        ),
+        PREV,
+        Verdict.DESYNCED,
+        False,
+        Signal.DIFFERENT_DECISIONS,
+    ),
+    (
+        "same sequence, different request ids",
+        observe(
+            ranks=(
+                *PREV[:3],
+                replace(PREV[3], last_decision=Decision("batch", 50, "DECODE", 8, "zz")),
+            )
+        ),
+        PREV,
+        Verdict.DESYNCED,
+        False,
+        Signal.DIFFERENT_DECISIONS,
+    ),
+    (
+        "ranks in different collectives",
+        observe(ranks=(*PREV[:3], replace(PREV[3], collective=BROADCAST))),
+        PREV,
+        Verdict.DESYNCED,
+        False,
+        Signal.DIFFERENT_COLLECTIVES,
+    ),
+    (
+        "one rank outside any collective while the others wait",
+        observe(ranks=(*PREV[:3], replace(PREV[3], collective=None))),
+        PREV,
+        Verdict.DESYNCED,
+        False,
+        Signal.DIFFERENT_COLLECTIVES,
+    ),
+    (
+        "all in the same collective, no progress",
+        observe(ranks=PREV),
+        PREV,
+        Verdict.HUNG,
+        False,
+        Signal.SAME_COLLECTIVE,
+    ),
+    (
+        "first failed sample, all in the same collective (progress unknown)",
+        observe(ranks=PREV),
+        (),
+        Verdict.HUNG,
+        False,
+        Signal.SAME_COLLECTIVE,
+    ),
+    (
+        "no collective, no progress",
+        observe(ranks=all_ranks(collective=None)),
+        PREV,
+        Verdict.HUNG,
+        False,
+        Signal.NO_PROGRESS,
+    ),
+    (
+        "only some ranks progressed",
+        observe(ranks=(*(replace(r, iteration=101) for r in PREV[:2]), *PREV[2:])),
+        PREV,
+        Verdict.HUNG,
+        False,
+        Signal.NO_PROGRESS,
+    ),
+    (
+        "a rank restarted its process: new pid is not progress",
+        observe(ranks=all_ranks(iteration=5, pid=7)),
+        PREV,
+        Verdict.HUNG,
+        False,
+        Signal.NO_PROGRESS,
+    ),
+    (
+        "probe fails, no agent answers",
+        observe(FAILED),
+        (),
+        Verdict.UNKNOWN,
+        False,
+        Signal.PROBE_FAILED,
+    ),
+    (
+        "probe times out, agents unreachable",
+        observe(extra_agents=(AgentReport("m-decode-0-0", None, "connect refused"),)),
+        (),
+        Verdict.UNKNOWN,
+        False,
+        Signal.AGENT_UNREACHABLE,
+    ),
+    (
+        "a pod is missing",
+        observe(OK, pods=(pod(0),)),
+        (),
+        Verdict.RANK_DOWN,
+        True,
+        Signal.POD_MISSING,
+    ),
+    (
+        "a pod is being deleted",
+        observe(OK, pods=(pod(0), pod(1, deleting=True))),
+        (),
+        Verdict.RANK_DOWN,
+        True,
+        Signal.POD_DELETED,
+    ),
+    (
+        "a pod was evicted",
+        observe(OK, pods=(pod(0), pod(1, evicted=True, phase="Failed"))),
+        (),
+        Verdict.RANK_DOWN,
+        True,
+        Signal.POD_EVICTED,
+    ),
+    (
+        "a pod Failed",
+        observe(OK, pods=(pod(0), pod(1, phase="Failed", container_running=False))),
+        (),
+        Verdict.RANK_DOWN,
+        True,
+        Signal.POD_FAILED,
+    ),
+    (
+        "a container is not running",
+        observe(OK, pods=(pod(0), pod(1, container_running=False))),
+        (),
+        Verdict.RANK_DOWN,
+        True,
+        Signal.CONTAINER_NOT_RUNNING,
+    ),
+    (
+        "a restart count moved although the probe passes",
+        observe(OK, pods=(pod(0), pod(1, restart_count=2)), baseline={"uid-1": 1}),
+        (),
+        Verdict.RANK_DOWN,
+        True,
+        Signal.CONTAINER_RESTARTED,
+    ),
+    (
+        "a fresh pod restarted (no baseline: counts from 0)",
+        observe(OK, pods=(pod(0), pod(1, restart_count=1))),
+        (),
+        Verdict.RANK_DOWN,
+        True,
+        Signal.CONTAINER_RESTARTED,
+    ),
+    (
+        "an agent reports a rank process gone",
+        observe(ranks=(*PREV[:3], replace(PREV[3], alive=False))),
+        PREV,
+        Verdict.RANK_DOWN,
+        True,
+        Signal.RANK_EXITED,
+    ),
+    (
+        "pending pods are starting, not down",
+        observe(FAILED, pods=(pod(0), pod(1, phase="Pending", container_running=False))),
+        (),
+        Verdict.UNKNOWN,
+        False,
+        Signal.POD_NOT_STARTED,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("obs", "previous", "verdict", "immediate", "signal"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_classify_group(
+    obs: GroupObservation,
+    previous: tuple[RankState, ...],
+    verdict: Verdict,
+    immediate: bool,
+    signal: Signal | None,
+) -> None:
+    got = classify_group(obs, previous, now=NOW)
+    assert (got.verdict, got.immediate) == (verdict, immediate), got.reason
+    if signal is not None:
+        assert signal in got.signals
+    assert got.reason
+    assert got.epoch == EPOCH
+    assert got.observed_at == NOW
+
+
+def test_restart_count_at_its_baseline_is_healthy() -> None:
+    obs = observe(OK, pods=(pod(0, restart_count=4), pod(1)), baseline={"uid-0": 4})
+    assert classify_group(obs, now=NOW).verdict is Verdict.HEALTHY
+
+
+def test_pods_of_another_epoch_do_not_count_as_the_group() -> None:
+    old = pod(1, epoch=EPOCH - 1, uid="old-1")
+    got = classify_group(observe(OK, pods=(pod(0), old)), now=NOW)
+    assert got.verdict is Verdict.RANK_DOWN
+    assert Signal.POD_MISSING in got.signals
+
+
+def test_consensus_failure_wins_over_the_rank_death_it_causes() -> None:
+    ranks = (*PREV[:3], replace(PREV[3], alive=False, consensus_failure="diverged"))
+    obs = observe(ranks=ranks, pods=(pod(0), pod(1, restart_count=1)))
+    got = classify_group(obs, PREV, now=NOW)
+    assert got.verdict is Verdict.DESYNCED
+    assert got.immediate
+    assert "diverged" in str(got.evidence["consensus_failure"])
+
+
+def test_slow_is_never_a_failure() -> None:
+    got = classify_group(observe(ranks=all_ranks(iteration=101)), PREV, now=NOW)
+    assert got.verdict is Verdict.SLOW
+    assert not got.is_failure
+    assert not Verdict.HEALTHY.is_failure
+    assert all(v.is_failure for v in (Verdict.DESYNCED, Verdict.HUNG, Verdict.RANK_DOWN))
+    assert Verdict.UNKNOWN.is_failure
+
+
+def test_hung_reason_says_where_and_for_how_long() -> None:
+    got = classify_group(observe(ranks=PREV), PREV, now=NOW)
+    assert "all_reduce@tp:cpu#88" in got.reason
+    assert "30.0s" in got.reason
+    assert got.evidence["collective_since"] == ALLREDUCE.since
+
+
+def test_evidence_is_bounded() -> None:
+    many = tuple(replace(rs(0, i), pod="p" * 500, consensus_failure="x" * 5000) for i in range(100))
+    got = classify_group(observe(ranks=many), now=NOW)
+    for key in ("ranks", "consensus_failure"):
+        items = got.evidence[key]
+        assert isinstance(items, list)
+        assert len(items) == MAX_EVIDENCE_ITEMS
+        assert all(len(i) <= MAX_EVIDENCE_TEXT for i in items)
+        assert items[-1].startswith("... and")
+    assert len(got.reason) <= MAX_EVIDENCE_TEXT
+
+
+def test_latency_is_carried_for_status() -> None:
+    assert classify_group(observe(OK), now=NOW).latency_ms == 4.0
+
+
+# ------------------------------------------------------------------------- parsers
+
+AGENT_JSON: dict[str, Any] = {
+    "rank": 3,
+    "tp_rank": 3,
+    "pid": 4242,
+    "alive": True,
+    "started_at": 10.0,
+    "updated_at": 20.5,
+    "iteration": 77,
+    "last_decision": {
+        "kind": "batch",
+        "forward_mode": "DECODE",
+        "batch_size": 8,
+        "rids_hash": "9f3a",
+        "seq": 41,
+    },
+    "collective": {"op": "all_reduce", "group": "tp:cpu", "seq": 12, "since": 19.0},
+    "consensus_failure": None,
+}
+
+
+def test_rank_state_from_agent_json() -> None:
+    got = rank_state_from_agent_json(AGENT_JSON, pod="p-1")
+    assert got == RankState(
+        pod="p-1",
+        rank=3,
+        iteration=77,
+        tp_rank=3,
+        pid=4242,
+        alive=True,
+        last_decision=Decision("batch", 41, "DECODE", 8, "9f3a"),
+        collective=Collective("all_reduce", "tp:cpu", 12, 19.0),
+        consensus_failure=None,
+        updated_at=20.5,
+    )
+
+
+def test_rank_state_idle_and_outside_collectives() -> None:
+    obj = {**AGENT_JSON, "last_decision": None, "collective": None}
+    obj.pop("alive")
+    got = rank_state_from_agent_json(obj, pod="p")
+    assert (got.last_decision, got.collective, got.alive) == (None, None, True)
+
+
+def test_consensus_failure_object_is_summarised() -> None:
+    failure = {
+        "detected_at": 1.0,
+        "rank": 3,
+        "events_checked": 120,
+        "local_hash": "aa",
+        "first_divergence": {"index": 119, "events": {"0": "batch:8", "3": "idle"}},
+        "recent_events": {"0": ["x"] * 1000},
+    }
+    got = rank_state_from_agent_json({**AGENT_JSON, "consensus_failure": failure}, pod="p")
+    assert got.consensus_failure is not None
+    assert "120 events" in got.consensus_failure
+    assert "119" in got.consensus_failure
+    assert len(got.consensus_failure) <= MAX_EVIDENCE_TEXT
+    plain = rank_state_from_agent_json({**AGENT_JSON, "consensus_failure": "boom"}, pod="p")
+    assert plain.consensus_failure == "boom"
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {k: v for k, v in AGENT_JSON.items() if k != "rank"},
+        {**AGENT_JSON, "iteration": "many"},
+        {**AGENT_JSON, "iteration": True},
+        {**AGENT_JSON, "collective": {"op": "x"}},
+        {**AGENT_JSON, "last_decision": "batch"},
+    ],
+    ids=["no-rank", "text-iteration", "bool-iteration", "partial-collective", "bad-decision"],
+)
+def test_malformed_rank_state_is_refused(broken: dict[str, Any]) -> None:
+    with pytest.raises(AgentDataError, match="p-9"):
+        rank_state_from_agent_json(broken, pod="p-9")
+
+
+def test_agent_report_accepts_a_list_or_a_wrapper() -> None:
+    listed = agent_report_from_json("p", [AGENT_JSON])
+    wrapped = agent_report_from_json("p", {"ranks": [AGENT_JSON]})
+    assert listed == wrapped
+    assert listed.ranks is not None and listed.ranks[0].rank == 3
+    with pytest.raises(AgentDataError):
+        agent_report_from_json("p", {"nope": 1})
+
+
+def k8s_pod(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "m-decode-0-1",
+            "uid": "u-1",
+            "labels": {c.LABEL_EPOCH: "3", c.LABEL_RANK: "1"},
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": c.READINESS_GATE, "status": "True"},
+            ],
+            "containerStatuses": [
+                {"name": "sglang", "restartCount": 2, "state": {"running": {}}},
+            ],
+            **status,
+        },
+    }
+
+
+def test_pod_view_from_a_running_pod() -> None:
+    got = pod_view_from_k8s(k8s_pod())
+    assert got == PodView(
+        name="m-decode-0-1",
+        uid="u-1",
+        epoch=3,
+        rank=1,
+        phase="Running",
+        deleting=False,
+        evicted=False,
+        container_running=True,
+        restart_count=2,
+        ready=True,
+        gate=True,
+    )
+
+
+def test_pod_view_of_a_pod_in_trouble() -> None:
+    obj = k8s_pod(
+        phase="Failed",
+        reason="Evicted",
+        conditions=[{"type": c.READINESS_GATE, "status": "False"}],
+        containerStatuses=[
+            {"restartCount": 1, "state": {"terminated": {"exitCode": 137}}},
+        ],
+        initContainerStatuses=[{"restartCount": 1, "state": {"terminated": {}}}],
+    )
+    obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    got = pod_view_from_k8s(obj)
+    assert got.deleting and got.evicted
+    assert not got.container_running and not got.ready
+    assert got.gate is False
+    assert got.restart_count == 2
+
+
+def test_pod_view_of_a_fresh_pod_and_a_preempted_one() -> None:
+    fresh = pod_view_from_k8s({"metadata": {"name": "p", "uid": "u", "labels": {}}})
+    assert (fresh.phase, fresh.epoch, fresh.gate, fresh.container_running) == (
+        "Pending",
+        None,
+        None,
+        False,
+    )
+    preempted = pod_view_from_k8s(
+        k8s_pod(conditions=[{"type": "DisruptionTarget", "status": "True"}])
+    )
+    assert preempted.evicted
