@@ -1,0 +1,176 @@
+"""The operator's one Kubernetes I/O module: thin, idempotent calls, nothing decided here.
+
+Uses the official `kubernetes` client (what kopf itself logs in with). Every write is
+idempotent so a retried handler, or an operator restarted in the middle of a step, never
+doubles an action:
+- `create` treats 409 AlreadyExists as success (the object is adopted by name);
+- `delete_pod` carries the pod's UID as a precondition, so a retry can never delete the
+  pod of a newer epoch that reuses the name, and treats 404/409 as already done;
+- patches are merge patches of only the fields lockstep owns.
+Objects go in and come out as plain dicts (the builders' format), not client models.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from lockstep import constants as c
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+def _plain(api: k8s.ApiClient, model: object) -> Obj:
+    """A client model as the plain dict the API server would send."""
+    out: Obj = api.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
+    return out
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Kube:
+    """Idempotent reads and writes of the objects a PDDeployment owns."""
+
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.apps = k8s.AppsV1Api(api)
+        self.rbac = k8s.RbacAuthorizationV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+
+    # ------------------------------------------------------------------- reads
+
+    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]:
+        """Pods matching a label selector, as dicts."""
+        sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        result = self.core.list_namespaced_pod(namespace, label_selector=sel)
+        return [_plain(self.api, p) for p in result.items]
+
+    def list_services(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]:
+        """Services matching a label selector, as dicts."""
+        sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        result = self.core.list_namespaced_service(namespace, label_selector=sel)
+        return [_plain(self.api, s) for s in result.items]
+
+    def get_pddeployment(self, namespace: str, name: str) -> Obj | None:
+        """The PDDeployment object, or None when it is gone."""
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                c.GROUP, c.VERSION, namespace, c.PLURAL, name
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return obj if isinstance(obj, dict) else None
+
+    # ------------------------------------------------------------------ writes
+
+    def create(self, obj: Obj) -> bool:
+        """Create an object; False when it already existed (409)."""
+        kind = obj["kind"]
+        ns = obj["metadata"].get("namespace", "default")
+        creators: dict[str, Any] = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Deployment": self.apps.create_namespaced_deployment,
+            "Role": self.rbac.create_namespaced_role,
+            "RoleBinding": self.rbac.create_namespaced_role_binding,
+        }
+        try:
+            creators[kind](ns, obj)
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        log.info("created %s %s/%s", kind, ns, obj["metadata"]["name"])
+        return True
+
+    def patch(self, obj: Obj) -> None:
+        """Merge-patch an existing object with the given fields."""
+        kind = obj["kind"]
+        ns = obj["metadata"].get("namespace", "default")
+        name = obj["metadata"]["name"]
+        patchers: dict[str, Any] = {
+            "Service": self.core.patch_namespaced_service,
+            "ServiceAccount": self.core.patch_namespaced_service_account,
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "Role": self.rbac.patch_namespaced_role,
+            "RoleBinding": self.rbac.patch_namespaced_role_binding,
+        }
+        patchers[kind](name, ns, obj)
+
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> bool:
+        """Delete one pod by name *and* UID; False when it was already gone or replaced."""
+        body = k8s.V1DeleteOptions(
+            grace_period_seconds=grace_seconds,
+            preconditions=k8s.V1Preconditions(uid=uid),
+        )
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body)
+        except ApiException as err:
+            if err.status in (404, 409):
+                return False
+            raise
+        log.info("deleted pod %s/%s (uid %s)", namespace, name, uid)
+        return True
+
+    def delete_pods(
+        self, namespace: str, pods: Iterable[tuple[str, str]], grace_seconds: int
+    ) -> int:
+        """Delete every (name, uid) given; how many deletes took effect."""
+        return sum(self.delete_pod(namespace, n, u, grace_seconds) for n, u in pods)
+
+    def set_pod_condition(
+        self, namespace: str, name: str, cond_type: str, status: bool, reason: str, message: str
+    ) -> None:
+        """Set a pod condition (the readiness gate) through the pods/status subresource."""
+        pod = self.core.read_namespaced_pod_status(name, namespace)
+        current = list((pod.status.conditions if pod.status else None) or [])
+        conditions = [_plain(self.api, cnd) for cnd in current if cnd.type != cond_type]
+        value = "True" if status else "False"
+        previous = next((cnd for cnd in current if cnd.type == cond_type), None)
+        if previous is not None and previous.status == value:
+            return
+        conditions.append(
+            {
+                "type": cond_type,
+                "status": value,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": _now(),
+            }
+        )
+        # A strategic merge on conditions merges by type; send the full list to be exact.
+        self.core.patch_namespaced_pod_status(
+            name, namespace, {"status": {"conditions": conditions}}
+        )
+
+    def patch_pddeployment_status(self, namespace: str, name: str, status: Obj) -> None:
+        """Merge-patch the status subresource of a PDDeployment."""
+        self.custom.patch_namespaced_custom_object_status(
+            c.GROUP, c.VERSION, namespace, c.PLURAL, name, {"status": status}
+        )
+
+    def patch_pddeployment_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Merge-patch annotations of a PDDeployment (None removes one)."""
+        self.custom.patch_namespaced_custom_object(
+            c.GROUP,
+            c.VERSION,
+            namespace,
+            c.PLURAL,
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+        )

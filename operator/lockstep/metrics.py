@@ -1,0 +1,73 @@
+"""Prometheus metrics of the operator (prometheus-client), on their own registry.
+
+A registry per `Metrics` object (not the global default) keeps tests and several
+operators in one process from colliding.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_SECONDS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+class Metrics:
+    """Every metric lockstep exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.probe_latency = Histogram(
+            "lockstep_probe_latency_seconds",
+            "Deep probe round trip (a no-op collective on every rank of a group).",
+            ["role"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.probes = Counter(
+            "lockstep_probes_total",
+            "Deep probes by result.",
+            ["role", "result"],
+            registry=self.registry,
+        )
+        self.verdicts = Counter(
+            "lockstep_group_verdicts_total",
+            "Group verdicts reached (Desynced, Hung, RankDown, ...).",
+            ["role", "verdict"],
+            registry=self.registry,
+        )
+        self.restarts = Counter(
+            "lockstep_group_restarts_total",
+            "Whole-group restarts.",
+            ["role"],
+            registry=self.registry,
+        )
+        self.incidents_open = Gauge(
+            "lockstep_incidents_open",
+            "Incidents not yet closed.",
+            ["namespace", "deployment"],
+            registry=self.registry,
+        )
+        self.time_to_detect = Histogram(
+            "lockstep_time_to_detect_seconds",
+            "First failed observation to verdict.",
+            ["role"],
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.time_to_recover = Histogram(
+            "lockstep_time_to_recover_seconds",
+            "Verdict to re-admission of the restarted group.",
+            ["role"],
+            buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.quarantined = Gauge(
+            "lockstep_groups_quarantined",
+            "Groups quarantined after exhausting their restart budget.",
+            ["namespace", "deployment"],
+            registry=self.registry,
+        )
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve /metrics on a background thread."""
+        start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,113 @@
+"""Reconcile planning: groups are created whole, never patched pod by pod."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from factories import load_example, pdd_obj
+
+from lockstep import constants as c
+from lockstep.builders import build_all
+from lockstep.models import PDDeployment, parse_pddeployment
+from lockstep.policy import evaluate
+from lockstep.reconcile import plan_reconcile
+
+
+def deepseek() -> PDDeployment:
+    obj = load_example("deepseek-v3")
+    obj["metadata"]["uid"] = "uid-1"
+    return parse_pddeployment(obj)
+
+
+def observed(
+    pdd: PDDeployment, epochs: dict[tuple[str, int], int] | None = None
+) -> list[dict[str, Any]]:
+    """What the API server would hold after applying everything (with uids)."""
+    objs = build_all(pdd, epochs=epochs)
+    for i, o in enumerate(objs):
+        o["metadata"]["uid"] = f"u{i}"
+    return objs
+
+
+def split(objs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return [o for o in objs if o["kind"] == "Pod"], [
+        o for o in objs if o["kind"] == "Service" and c.LABEL_GROUP in o["metadata"]["labels"]
+    ]
+
+
+def test_fresh_deployment_creates_every_group_whole() -> None:
+    pdd = deepseek()
+    groups = {("prefill", 0), ("prefill", 1), ("decode", 0)}
+    plan = plan_reconcile(pdd, evaluate(pdd.spec), [], [], {}, groups)
+    pods = [o["metadata"]["name"] for o in plan.create if o["kind"] == "Pod"]
+    assert sorted(pods) == [
+        "deepseek-v3-decode-0-0",
+        "deepseek-v3-decode-0-1",
+        "deepseek-v3-prefill-0-0",
+        "deepseek-v3-prefill-1-0",
+    ]
+    assert sum(o["kind"] == "Service" for o in plan.create) == 3
+
+
+def test_missing_pod_of_a_running_group_is_not_recreated_alone() -> None:
+    pdd = deepseek()
+    pods, services = split(observed(pdd))
+    pods = [p for p in pods if p["metadata"]["name"] != "deepseek-v3-decode-0-1"]
+    plan = plan_reconcile(pdd, evaluate(pdd.spec), pods, services, {}, set())
+    assert plan.create == [] and plan.delete_pods == []
+
+
+def test_new_epoch_waits_until_old_pods_are_gone() -> None:
+    pdd = deepseek()
+    pods, services = split(observed(pdd))
+    plan = plan_reconcile(
+        pdd, evaluate(pdd.spec), pods, services, {("decode", 0): 1}, {("decode", 0)}
+    )
+    assert ("decode", 0) in plan.waiting_groups
+    assert not [o for o in plan.create if o["kind"] == "Pod"]
+    # The group Service moves to the new epoch's selector at once.
+    svc = next(o for o in plan.patch if o["metadata"]["name"] == "deepseek-v3-decode-0")
+    assert svc["spec"]["selector"][c.LABEL_EPOCH] == "1"
+    gone = [
+        p
+        for p in pods
+        if p["metadata"]["labels"][c.LABEL_GROUP] != "0"
+        or p["metadata"]["labels"][c.LABEL_ROLE] != "decode"
+    ]
+    plan = plan_reconcile(
+        pdd, evaluate(pdd.spec), gone, services, {("decode", 0): 1}, {("decode", 0)}
+    )
+    created = [o for o in plan.create if o["kind"] == "Pod"]
+    assert [p["metadata"]["labels"][c.LABEL_EPOCH] for p in created] == ["1", "1"]
+
+
+def test_scale_down_deletes_whole_groups_with_uids() -> None:
+    pdd = deepseek()
+    pods, services = split(observed(pdd))
+    obj = load_example("deepseek-v3")
+    obj["metadata"]["uid"] = "uid-1"
+    obj["spec"]["prefill"]["replicas"] = 1
+    smaller = parse_pddeployment(obj)
+    plan = plan_reconcile(smaller, evaluate(smaller.spec), pods, services, {}, set())
+    assert [n for n, _ in plan.delete_pods] == ["deepseek-v3-prefill-1-0"]
+    assert all(uid.startswith("u") for _, uid in plan.delete_pods)
+    assert plan.delete_services == ["deepseek-v3-prefill-1"]
+
+
+def test_changed_pod_template_marks_groups_stale_without_touching_them() -> None:
+    pdd = parse_pddeployment(pdd_obj())
+    pods, services = split(observed(pdd))
+    changed = parse_pddeployment(
+        pdd_obj(decode={"tp": 1, "gpusPerPod": 1, "args": ["--trust-remote-code"]})
+    )
+    plan = plan_reconcile(changed, evaluate(changed.spec), pods, services, {}, set())
+    assert plan.stale_groups == [("decode", 0)]
+    assert plan.create == [] and plan.delete_pods == []
+
+
+def test_paused_deployment_removes_groups() -> None:
+    pdd = parse_pddeployment(pdd_obj())
+    pods, services = split(observed(pdd))
+    paused = parse_pddeployment(pdd_obj(paused=True))
+    plan = plan_reconcile(paused, evaluate(paused.spec), pods, services, {}, set())
+    assert len(plan.delete_pods) == 2
