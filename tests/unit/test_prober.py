@@ -7,8 +7,7 @@ import json
 import random
 
 import httpx
-
-from lockstep.prober import Prober, ProbeBook, ProbeSample, ProbeTarget
+from lockstep.prober import ProbeBook, Prober, ProbeSample, ProbeTarget
 
 KEY = ("ns", "m", "decode", 0)
 
