@@ -117,6 +117,31 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    """Run the operator (kopf) until interrupted."""
+    import logging
+    import os
+
+    import kopf
+
+    os.environ["LOCKSTEP_METRICS_PORT"] = str(args.metrics_port)
+    import lockstep.handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace or (),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=liveness,
+    )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lockstep", description="lockstep: SGLang PD TP groups kept in lockstep."
@@ -137,6 +162,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     crd = sub.add_parser("crd", help="print the PDDeployment CRD")
     crd.set_defaults(func=cmd_crd)
+
+    op = sub.add_parser("operator", help="run the operator (kopf) against the current cluster")
+    op.add_argument(
+        "--namespace", action="append", help="watch this namespace (repeatable; default: all)"
+    )
+    op.add_argument("--peering", help="kopf peering name: replicas never act at once")
+    op.add_argument("--liveness-port", type=int, default=8080, help="0 disables /healthz")
+    op.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
+    op.add_argument("-v", "--verbose", action="store_true")
+    op.set_defaults(func=cmd_operator)
     return parser
 
 

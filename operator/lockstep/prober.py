@@ -37,10 +37,19 @@ class ProbeTarget:
     key: GroupKey
     epoch: int
     probe_url: str  # http://<rank-0 pod IP>:30000/lockstep/probe
-    agent_urls: tuple[str, ...]  # http://<pod IP>:8999 of every pod of the group
+    agents: tuple[tuple[str, str], ...]  # (pod name, http://<pod IP>:8999) of every pod
     period: float
     timeout: float
     not_before: float = 0.0  # startup grace: no probe before this time
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    """What one pod agent answered to `GET /ranks` (body None when unreachable)."""
+
+    pod: str
+    body: Any = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,8 +63,7 @@ class ProbeSample:
     latency_s: float | None = None
     error: str | None = None
     detail: dict[str, Any] | None = None
-    ranks: tuple[dict[str, Any], ...] | None = None
-    agent_errors: tuple[str, ...] = ()
+    agents: tuple[AgentResult, ...] = ()
 
 
 class ProbeBook:
@@ -179,31 +187,22 @@ class Prober:
         latency = self.clock() - start
         if ok:
             return ProbeSample(target.key, target.epoch, start, True, latency, None, detail)
-        ranks, agent_errors = await self.read_agents(target)
-        return ProbeSample(
-            target.key, target.epoch, start, False, latency, error, detail, ranks, agent_errors
-        )
+        agents = await self.read_agents(target)
+        return ProbeSample(target.key, target.epoch, start, False, latency, error, detail, agents)
 
-    async def read_agents(
-        self, target: ProbeTarget
-    ) -> tuple[tuple[dict[str, Any], ...] | None, tuple[str, ...]]:
-        """Every pod agent's `/ranks` (a list of rank states per pod), concurrently."""
+    async def read_agents(self, target: ProbeTarget) -> tuple[AgentResult, ...]:
+        """Every pod agent's `GET /ranks`, concurrently, each bounded by the timeout."""
 
-        async def one(url: str) -> list[dict[str, Any]] | str:
+        async def one(pod: str, url: str) -> AgentResult:
             try:
                 resp = await self.client.get(f"{url}/ranks", timeout=target.timeout)
-                body = resp.json()
+                if resp.status_code != 200:
+                    return AgentResult(pod, None, f"HTTP {resp.status_code}")
+                return AgentResult(pod, resp.json())
             except (httpx.HTTPError, ValueError) as err:
-                return f"{url}: {type(err).__name__}: {err}"
-            if resp.status_code != 200:
-                return f"{url}: HTTP {resp.status_code}"
-            ranks = body.get("ranks", body) if isinstance(body, dict) else body
-            return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
+                return AgentResult(pod, None, f"{type(err).__name__}: {err}")
 
-        results = await asyncio.gather(*(one(u) for u in target.agent_urls))
-        ranks = [r for res in results if isinstance(res, list) for r in res]
-        errors = tuple(res for res in results if isinstance(res, str))
-        return (tuple(ranks) if ranks or not errors else None), errors
+        return tuple(await asyncio.gather(*(one(p, u) for p, u in target.agents)))
 
 
 def _json_or_none(resp: httpx.Response) -> dict[str, Any] | None:

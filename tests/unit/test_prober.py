@@ -17,7 +17,10 @@ def target(key: tuple[str, str, str, int] = KEY, **kw: object) -> ProbeTarget:
         "key": key,
         "epoch": 1,
         "probe_url": f"http://10.0.0.{key[3] + 1}:30000/lockstep/probe",
-        "agent_urls": (f"http://10.0.0.{key[3] + 1}:8999", f"http://10.0.1.{key[3] + 1}:8999"),
+        "agents": (
+            ("p0", f"http://10.0.0.{key[3] + 1}:8999"),
+            ("p1", f"http://10.0.1.{key[3] + 1}:8999"),
+        ),
         "period": 5.0,
         "timeout": 1.0,
     }
@@ -75,7 +78,7 @@ def test_failed_probe_reads_every_agent() -> None:
     prober = make(httpx.MockTransport(handler), clock, book)
     sample = asyncio.run(prober.probe(target()))
     assert not sample.ok and "collective timed out" in (sample.error or "")
-    assert sample.ranks is not None and sorted(r["rank"] for r in sample.ranks) == [0, 1]
+    assert [(a.pod, a.body["ranks"][0]["rank"]) for a in sample.agents] == [("p0", 0), ("p1", 1)]
     assert "http://10.0.1.1:8999/ranks" in seen
 
 
@@ -85,8 +88,9 @@ def test_unreachable_agents_are_reported_not_raised() -> None:
 
     prober = make(httpx.MockTransport(handler), Clock(), ProbeBook())
     sample = asyncio.run(prober.probe(target()))
-    assert not sample.ok and sample.ranks is None
-    assert len(sample.agent_errors) == 2 and "ConnectError" in sample.agent_errors[0]
+    assert not sample.ok
+    assert [a.body for a in sample.agents] == [None, None]
+    assert "ConnectError" in (sample.agents[0].error or "")
 
 
 def test_ok_probe_records_latency_and_detail() -> None:
@@ -95,7 +99,7 @@ def test_ok_probe_records_latency_and_detail() -> None:
     )
     prober = make(handler, Clock(), ProbeBook())
     sample = asyncio.run(prober.probe(target()))
-    assert sample.ok and sample.detail == {"ok": True, "cpu_ms": 1.5} and sample.ranks is None
+    assert sample.ok and sample.detail == {"ok": True, "cpu_ms": 1.5} and sample.agents == ()
 
 
 def test_book_drops_samples_of_an_old_epoch_and_gone_groups() -> None:
