@@ -1,0 +1,963 @@
+"""Recovery: the per-group state machine that restarts a broken TP group as one unit.
+
+Pure: no I/O, no clock (every function takes `now`). The I/O layer owns one small
+`GroupRecord` per group, persisted in status and in an annotation so an operator restart
+resumes where it stopped. Each round it calls `plan_role` with every group's record, the
+facts it just read (the group's pods, this round's verdict, a manual restart request) and
+the role's settings; it gets back, per group, the next record and a list of actions.
+
+Contract with the I/O layer (what makes every step idempotent):
+1. Execute the actions in order, then persist the new record. A crash in between
+   re-plans from the old record: the same actions come out again (at least once).
+2. Every action is safe to repeat: `SetGate` is a level; `DeletePods` carries the UIDs
+   snapshotted into the record before the first delete (a UID precondition turns a
+   repeat into a no-op, and never touches a pod of the new epoch); `CreateEpoch` names
+   the epoch (create-or-409); `OpenIncident`/`UpdateIncident`/`CloseIncident` carry the
+   incident's id (upsert); events may repeat.
+3. Transitions that need the world to change wait for the facts (gates false on every
+   pod, every old pod gone, every new pod present), so a lost action is re-emitted.
+4. While the record is in `Deleting`, `WaitingGone` or `Creating` the reconciler must not
+   create pods for the group (`reconciler_may_create_pods`): recovery owns them.
+
+The steps (Recreate mode; issue 8 adds InPlace steps beside Deleting..Creating):
+
+    Starting ─probe ok─> Readmitting ─gate true─> Healthy ─failure─> Suspect
+    Suspect ─threshold or immediate verdict─> Draining (or Observing, or deferred)
+    Draining ─gate false everywhere─> CapturingEvidence ─> AwaitingRestart
+    AwaitingRestart ─budget spent─> Quarantined (until a manual request)
+    AwaitingRestart ─backoff over, slot free─> Deleting ─> WaitingGone ─old pods gone─>
+    Creating ─new pods present─> WaitingProbe ─probe ok─> Readmitting ─> Healthy
+    WaitingProbe / Starting ─startup grace over, or the new epoch broke─> Draining
+
+Guard rails across the groups of a role (`plan_role`), judged on the records as they
+were at the start of the round so the outcome does not depend on group order:
+- at most `maxConcurrentGroupRestarts` groups in Deleting..Readmitting; waiting groups
+  get a slot by earliest verdict (then group index) and emit `RestartDeferred`;
+- a group is not taken out of service (drained) while it is the role's last group in
+  service and some other group is on its way back (restarting or starting): only when
+  every other group is broken too does draining it leave the role no worse off;
+- backoff `base * 2^(n-1)` (capped at `max`) before the n-th restart of a streak; the
+  streak ends after `resetAfterSeconds` healthy;
+- budget: a restart needed when `budget.restarts` already happened within
+  `budget.windowSeconds` quarantines the group instead (the caller marks Degraded);
+- `policy: ObserveOnly`: verdicts and incidents, no drain, delete or create. A restart
+  already in flight when the policy changes completes (stopping after a delete would
+  leave the group without pods);
+- a manual request (its id) restarts one group once: it bypasses backoff, budget and the
+  last-in-service guard (a person asked), not the concurrency limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lockstep.models import GroupState, HealthSpec, Incident, PDDeploymentSpec, RecoverySpec
+from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, PodView, Verdict
+
+# A wedged NCCL rank ignores SIGTERM, and the group is restarted as a whole: there is
+# nothing to shut down gracefully, so deletes use a short grace...
+DELETE_GRACE_SECONDS = 5
+# ...and pods still there this long after the delete (a lost node keeps them Terminating
+# forever, and the new epoch reuses their names) are force-deleted.
+FORCE_DELETE_AFTER_SECONDS = 120
+# How soon to look again while waiting for the API server to reflect an action.
+RECHECK_SECONDS = 2.0
+# Restart times kept in the record (the budget window is what matters; this bounds the
+# annotation even for a large budget).
+MAX_RESTART_TIMES = 64
+
+Role = Literal["prefill", "decode"]
+
+
+class Step(StrEnum):
+    """Where a group's recovery stands (kept in its record)."""
+
+    STARTING = "Starting"
+    HEALTHY = "Healthy"
+    SUSPECT = "Suspect"
+    OBSERVING = "Observing"
+    DRAINING = "Draining"
+    CAPTURING_EVIDENCE = "CapturingEvidence"
+    AWAITING_RESTART = "AwaitingRestart"
+    DELETING = "Deleting"
+    WAITING_GONE = "WaitingGone"
+    CREATING = "Creating"
+    WAITING_PROBE = "WaitingProbe"
+    READMITTING = "Readmitting"
+    QUARANTINED = "Quarantined"
+
+
+# A restart slot of the role is held from the first delete to re-admission.
+RESTARTING_STEPS = frozenset(
+    {Step.DELETING, Step.WAITING_GONE, Step.CREATING, Step.WAITING_PROBE, Step.READMITTING}
+)
+# Steps in which the group's pods are admitted to the router (gate true).
+IN_SERVICE_STEPS = frozenset({Step.HEALTHY, Step.SUSPECT, Step.OBSERVING})
+# Steps of a group known to be broken and not on its way back yet.
+BROKEN_STEPS = frozenset(
+    {
+        Step.OBSERVING,
+        Step.DRAINING,
+        Step.CAPTURING_EVIDENCE,
+        Step.AWAITING_RESTART,
+        Step.QUARANTINED,
+    }
+)
+# Steps in which recovery, not the reconciler, decides which pods exist.
+POD_OWNING_STEPS = frozenset({Step.DELETING, Step.WAITING_GONE, Step.CREATING})
+
+
+class Reason(StrEnum):
+    """Event reasons (also the names metrics use)."""
+
+    SUSPECT = "GroupSuspect"
+    DESYNCED = "GroupDesynced"
+    HUNG = "GroupHung"
+    RANK_DOWN = "GroupRankDown"
+    UNRESPONSIVE = "GroupUnresponsive"
+    RESTART_REQUESTED = "GroupRestartRequested"
+    RESTART_REFUSED = "RestartRefused"
+    RESTART_FAILED = "GroupRestartFailed"
+    DRAINED = "GroupDrained"
+    RESTARTED = "GroupRestarted"
+    FORCE_DELETED = "GroupForceDeleted"
+    READY = "GroupReady"
+    READMITTED = "GroupReadmitted"
+    QUARANTINED = "GroupQuarantined"
+    DEFERRED = "RestartDeferred"
+
+
+_VERDICT_REASON = {
+    Verdict.DESYNCED: Reason.DESYNCED,
+    Verdict.HUNG: Reason.HUNG,
+    Verdict.RANK_DOWN: Reason.RANK_DOWN,
+    Verdict.UNKNOWN: Reason.UNRESPONSIVE,
+}
+
+MANUAL_VERDICT = "Manual"
+
+
+# ---------------------------------------------------------------------------- record
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class PodRef(_Frozen):
+    """A pod by name and UID (the UID is the precondition of every delete)."""
+
+    name: str
+    uid: str
+
+
+class IncidentRecord(_Frozen):
+    """The open incident of a group, as much as recovery needs to close it."""
+
+    id: str
+    verdict: str
+    epoch: int
+    reason: str
+    first_failure_at: float
+    detected_at: float
+    evidence: str = ""
+    action: str = ""
+    attempts: int = 0
+
+
+class GroupRecord(_Frozen):
+    """Everything recovery remembers about one group; small and JSON-serialisable.
+
+    Stored by the I/O layer in status and in an annotation (`to_json`/`from_json`).
+    Unknown fields are ignored on load so an older operator can read a newer record.
+    """
+
+    role: Role
+    index: int = Field(ge=0)
+    step: Step = Step.STARTING
+    # The restart mechanism of the recovery in flight; issue 8 adds "InPlace".
+    mode: Literal["Recreate"] = "Recreate"
+    epoch: int = Field(0, ge=0)
+    step_since: float = 0.0
+    epoch_started_at: float = 0.0
+    failures: int = 0
+    first_failure_at: float | None = None
+    last_verdict: str | None = None
+    last_reason: str | None = None
+    last_observed_at: float | None = None
+    healthy_since: float | None = None
+    incident: IncidentRecord | None = None
+    incident_seq: int = 0
+    old_pods: tuple[PodRef, ...] = ()
+    force_deleted: bool = False
+    restarts: int = 0
+    restart_times: tuple[float, ...] = ()
+    backoff_streak: int = 0
+    last_restart_at: float | None = None
+    handled_request: str | None = None
+    manual: bool = False
+    deferred: str | None = None
+
+    def to_json(self) -> str:
+        """The compact JSON stored in the group's annotation."""
+        return self.model_dump_json(exclude_defaults=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> GroupRecord:
+        """Load a record written by `to_json` (raises pydantic's ValidationError)."""
+        return cls.model_validate_json(text)
+
+
+def new_group_record(role: Role, index: int, *, now: float, epoch: int = 0) -> GroupRecord:
+    """The record of a group whose pods of `epoch` were just created (or first seen)."""
+    return GroupRecord(role=role, index=index, epoch=epoch, step_since=now, epoch_started_at=now)
+
+
+def reconciler_may_create_pods(record: GroupRecord) -> bool:
+    """False while recovery decides which pods of the group exist (delete..create)."""
+    return record.step not in POD_OWNING_STEPS
+
+
+def status_state(record: GroupRecord) -> GroupState:
+    """The group's `state` for status and `kubectl get` (models.GroupState)."""
+    step = record.step
+    if step in (Step.STARTING, Step.HEALTHY, Step.SUSPECT, Step.QUARANTINED):
+        if step is Step.SUSPECT and record.incident is not None:
+            return _verdict_state(record.incident.verdict)
+        return _STEP_STATE[step]
+    if step is Step.OBSERVING and record.incident is not None:
+        return _verdict_state(record.incident.verdict)
+    return "Recovering"
+
+
+_STEP_STATE: dict[Step, GroupState] = {
+    Step.STARTING: "Starting",
+    Step.HEALTHY: "Healthy",
+    Step.SUSPECT: "Suspect",
+    Step.QUARANTINED: "Quarantined",
+}
+
+
+def _verdict_state(verdict: str) -> GroupState:
+    if verdict == "Desynced":
+        return "Desynced"
+    if verdict == "Hung":
+        return "Hung"
+    if verdict == "RankDown":
+        return "RankDown"
+    return "Suspect"
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class SetGate:
+    """Set the `lockstep.dev/group-healthy` readiness-gate condition on these pods."""
+
+    pods: tuple[PodRef, ...]
+    value: bool
+
+
+@dataclass(frozen=True)
+class CaptureEvidence:
+    """Read rank states, stacks and last log lines of these pods into the incident."""
+
+    incident_id: str
+    pods: tuple[PodRef, ...]
+    stacks: bool
+    log_lines: int
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class DeletePods:
+    """Delete these pods, each with its UID as precondition (404/409 mean done)."""
+
+    pods: tuple[PodRef, ...]
+    grace_seconds: int
+
+
+@dataclass(frozen=True)
+class CreateEpoch:
+    """Create every pod (and the headless Service) of the group in `epoch` (409 = done)."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class OpenIncident:
+    """Add the incident to status (upsert by id)."""
+
+    incident: Incident
+
+
+@dataclass(frozen=True)
+class UpdateIncident:
+    """Replace the incident with this id in status."""
+
+    incident: Incident
+
+
+@dataclass(frozen=True)
+class CloseIncident:
+    """Replace the incident with this id in status, now closed with its figures."""
+
+    incident: Incident
+
+
+@dataclass(frozen=True)
+class EmitEvent:
+    """An Event on the PDDeployment (and a metric named after the reason)."""
+
+    reason: Reason
+    message: str
+    warning: bool = False
+
+
+Action = (
+    SetGate
+    | CaptureEvidence
+    | DeletePods
+    | CreateEpoch
+    | OpenIncident
+    | UpdateIncident
+    | CloseIncident
+    | EmitEvent
+)
+
+
+@dataclass(frozen=True)
+class GroupInput:
+    """This round's facts about one group.
+
+    `pods`: every pod of the group the API server lists (any epoch). `verdict`: this
+    round's classification, or None when the group was not probed this round.
+    `manual_request`: the id of the group's restart request, if one is set.
+    """
+
+    pods: tuple[PodView, ...] = ()
+    verdict: GroupVerdict | None = None
+    manual_request: str | None = None
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    """What recovery needs from the spec for one role."""
+
+    role: Role
+    pods_per_group: int
+    health: HealthSpec = field(default_factory=HealthSpec)
+    recovery: RecoverySpec = field(default_factory=RecoverySpec)
+
+    @classmethod
+    def from_spec(cls, spec: PDDeploymentSpec, role: Role) -> RoleSettings:
+        """The settings of `role` in a PDDeployment spec."""
+        return cls(role, spec.role(role).pods_per_group, spec.health, spec.recovery)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """The next record of a group and what to do to get there.
+
+    `requeue_after`: plan again after this many seconds even without a new observation
+    (0: at once, a transition needs no I/O); None: the next probe round is soon enough.
+    """
+
+    record: GroupRecord
+    actions: tuple[Action, ...] = ()
+    requeue_after: float | None = None
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """The plans of every group of a role."""
+
+    groups: Mapping[int, GroupPlan]
+
+    @property
+    def degraded(self) -> bool:
+        """A group is quarantined: the caller sets the `Degraded` condition."""
+        return any(p.record.step is Step.QUARANTINED for p in self.groups.values())
+
+    @property
+    def quarantined(self) -> list[int]:
+        """The quarantined groups, for the Degraded condition's message."""
+        return sorted(i for i, p in self.groups.items() if p.record.step is Step.QUARANTINED)
+
+
+@dataclass(frozen=True)
+class RoleGuards:
+    """What the role's guard rails allow one group this round (see `plan_role`)."""
+
+    slot_granted: bool
+    may_leave_service: bool
+    restarting: int
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def plan_role(
+    settings: RoleSettings,
+    records: Mapping[int, GroupRecord],
+    inputs: Mapping[int, GroupInput],
+    *,
+    now: float,
+) -> RolePlan:
+    """Plan one round for every group of a role, applying the role's guard rails.
+
+    A group in `inputs` without a record gets a fresh `Starting` record for the newest
+    epoch among its pods (an operator upgrade that finds running groups).
+    """
+    recs = dict(records)
+    for index, inp in inputs.items():
+        if index not in recs:
+            epochs = [p.epoch for p in inp.pods if p.epoch is not None]
+            recs[index] = new_group_record(
+                settings.role, index, now=now, epoch=max(epochs, default=0)
+            )
+    restarting = sum(r.step in RESTARTING_STEPS for r in recs.values())
+    waiting = sorted(
+        (
+            r
+            for r in recs.values()
+            if r.step is Step.AWAITING_RESTART and _restart_allowed(r, settings, now)
+        ),
+        key=lambda r: (r.incident.detected_at if r.incident else now, r.index),
+    )
+    free = max(0, settings.recovery.max_concurrent_group_restarts - restarting)
+    granted = {r.index for r in waiting[:free]}
+    plans: dict[int, GroupPlan] = {}
+    for index in sorted(recs):
+        others = [r for i, r in recs.items() if i != index]
+        guards = RoleGuards(
+            slot_granted=index in granted,
+            may_leave_service=_may_leave_service(others),
+            restarting=restarting,
+        )
+        plans[index] = plan_group(
+            recs[index], inputs.get(index, GroupInput()), settings, guards=guards, now=now
+        )
+    return RolePlan(plans)
+
+
+def plan_group(
+    record: GroupRecord,
+    inp: GroupInput,
+    settings: RoleSettings,
+    *,
+    now: float,
+    guards: RoleGuards | None = None,
+) -> GroupPlan:
+    """Plan one round for one group (guards default to a role with only this group)."""
+    g = guards or RoleGuards(
+        slot_granted=record.step is Step.AWAITING_RESTART
+        and _restart_allowed(record, settings, now),
+        may_leave_service=True,
+        restarting=0,
+    )
+    return _Planner(record, inp, settings, g, now).run()
+
+
+def restarts_in_window(record: GroupRecord, recovery: RecoverySpec, now: float) -> int:
+    """Restarts of the group within the budget window ending now."""
+    window = recovery.budget.window_seconds
+    return sum(1 for t in record.restart_times if now - t < window)
+
+
+def backoff_until(record: GroupRecord, recovery: RecoverySpec) -> float | None:
+    """When the next restart of the group may start (None: at once)."""
+    if record.backoff_streak == 0 or record.last_restart_at is None:
+        return None
+    b = recovery.backoff
+    # Cap the exponent: the delay saturates at max_seconds long before 2^32.
+    delay = min(b.base_seconds << min(record.backoff_streak - 1, 32), b.max_seconds)
+    return record.last_restart_at + delay
+
+
+def _restart_allowed(record: GroupRecord, settings: RoleSettings, now: float) -> bool:
+    """The group may take a slot now (budget left and backoff over, or a manual request)."""
+    if record.manual:
+        return True
+    if restarts_in_window(record, settings.recovery, now) >= settings.recovery.budget.restarts:
+        return False
+    until = backoff_until(record, settings.recovery)
+    return until is None or now >= until
+
+
+def _may_leave_service(others: Sequence[GroupRecord]) -> bool:
+    healthy_peer = any(
+        r.step is Step.HEALTHY or (r.step is Step.SUSPECT and r.incident is None) for r in others
+    )
+    all_broken = all(
+        r.step in BROKEN_STEPS or (r.step is Step.SUSPECT and r.incident is not None)
+        for r in others
+    )
+    return healthy_peer or all_broken
+
+
+class _Planner:
+    """One planning round of one group: mutable scratch state, pure inputs."""
+
+    def __init__(
+        self,
+        record: GroupRecord,
+        inp: GroupInput,
+        settings: RoleSettings,
+        guards: RoleGuards,
+        now: float,
+    ) -> None:
+        self.rec = record
+        self.inp = inp
+        self.s = settings
+        self.g = guards
+        self.now = now
+        self.actions: list[Action] = []
+        self.requeue: float | None = None
+        self.name = f"{settings.role} group {record.index}"
+
+    # -- helpers
+
+    def update(self, **changes: object) -> None:
+        self.rec = self.rec.model_copy(update=changes)
+
+    def goto(self, step: Step, **changes: object) -> None:
+        self.update(step=step, step_since=self.now, deferred=None, **changes)
+        self.requeue = 0.0
+
+    def event(self, reason: Reason, message: str, *, warning: bool = False) -> None:
+        self.actions.append(EmitEvent(reason, f"{self.name}: {message}", warning))
+
+    def again_in(self, seconds: float) -> None:
+        self.requeue = seconds if self.requeue is None else min(self.requeue, seconds)
+
+    def pods(self) -> list[PodView]:
+        return list(self.inp.pods)
+
+    def current_pods(self) -> list[PodView]:
+        return [p for p in self.inp.pods if p.epoch == self.rec.epoch]
+
+    def defer(self, key: str, message: str) -> None:
+        """A RestartDeferred event once per reason, not once per round."""
+        if self.rec.deferred != key:
+            self.update(deferred=key)
+            self.event(Reason.DEFERRED, message)
+
+    # -- the round
+
+    def run(self) -> GroupPlan:
+        verdict = self._fresh_verdict()
+        if verdict is not None:
+            self.update(
+                last_observed_at=verdict.observed_at,
+                last_verdict=verdict.verdict.value,
+                last_reason=verdict.reason,
+            )
+        if not self._manual_request():
+            handler = getattr(self, f"_on_{self.rec.step.name.lower()}")
+            handler(verdict)
+        return GroupPlan(self.rec, tuple(self.actions), self.requeue)
+
+    def _fresh_verdict(self) -> GroupVerdict | None:
+        # Count each observation once (the caller may plan several times per probe) and
+        # drop verdicts about an epoch this record has already left behind.
+        v = self.inp.verdict
+        if v is None or v.epoch != self.rec.epoch:
+            return None
+        last = self.rec.last_observed_at
+        if last is not None and v.observed_at <= last:
+            return None
+        return v
+
+    def _manual_request(self) -> bool:
+        """Handle a new manual request; True when it decided this round."""
+        req = self.inp.manual_request
+        if not req or req == self.rec.handled_request:
+            return False
+        self.update(handled_request=req)
+        if self.s.recovery.policy == "ObserveOnly":
+            self.event(Reason.RESTART_REFUSED, f"request {req} refused: policy is ObserveOnly")
+            return False
+        if self.rec.step in RESTARTING_STEPS or self.rec.step in (
+            Step.DRAINING,
+            Step.CAPTURING_EVIDENCE,
+            Step.AWAITING_RESTART,
+        ):
+            if self.rec.step is Step.AWAITING_RESTART:
+                self.update(manual=True)
+            self.event(
+                Reason.RESTART_REQUESTED, f"request {req}: already restarting ({self.rec.step})"
+            )
+            return False
+        if self.rec.step is Step.QUARANTINED:
+            # Quarantine lasts until a person asks; asking starts a fresh budget.
+            self.update(restart_times=(), backoff_streak=0)
+        if self.rec.incident is None:
+            self._open_incident(
+                MANUAL_VERDICT, f"manual restart request {req}", "", first_failure=self.now
+            )
+        self.event(Reason.RESTART_REQUESTED, f"restart requested ({req})")
+        self.goto(Step.DRAINING, manual=True)
+        return True
+
+    # -- incidents
+
+    def _open_incident(
+        self, verdict: str, reason: str, evidence: str, first_failure: float
+    ) -> None:
+        seq = self.rec.incident_seq + 1
+        incident = IncidentRecord(
+            id=f"{self.s.role}-{self.rec.index}-{seq}",
+            verdict=verdict,
+            epoch=self.rec.epoch,
+            reason=reason,
+            first_failure_at=first_failure,
+            detected_at=self.now,
+            evidence=_bound(evidence, self.s.recovery.diagnostics.max_evidence_bytes),
+        )
+        self.update(incident=incident, incident_seq=seq, healthy_since=None)
+        self.actions.append(OpenIncident(self._incident_model(incident)))
+
+    def _set_action(self, action: str) -> None:
+        incident = self.rec.incident
+        if incident is None or incident.action == action:
+            return
+        incident = incident.model_copy(update={"action": action})
+        self.update(incident=incident)
+        self.actions.append(UpdateIncident(self._incident_model(incident)))
+
+    def _close_incident(self, action: str) -> None:
+        incident = self.rec.incident
+        if incident is None:
+            return
+        incident = incident.model_copy(update={"action": action})
+        self.actions.append(CloseIncident(self._incident_model(incident, recovered_at=self.now)))
+        self.update(incident=None)
+
+    def _incident_model(self, inc: IncidentRecord, recovered_at: float | None = None) -> Incident:
+        return Incident(
+            id=inc.id,
+            role=self.s.role,
+            group=self.rec.index,
+            epoch=inc.epoch,
+            verdict=inc.verdict,
+            state="Open" if recovered_at is None else "Closed",
+            action=inc.action,
+            first_failure_time=rfc3339(inc.first_failure_at),
+            detected_time=rfc3339(inc.detected_at),
+            recovered_time=None if recovered_at is None else rfc3339(recovered_at),
+            time_to_detect_seconds=round(inc.detected_at - inc.first_failure_at, 3),
+            time_to_recover_seconds=(
+                None if recovered_at is None else round(recovered_at - inc.detected_at, 3)
+            ),
+            evidence=inc.evidence,
+        )
+
+    # -- verdicts
+
+    def _count_failure(self, v: GroupVerdict, *, in_service: bool) -> None:
+        """A failed observation of a group in service: Suspect, or a verdict."""
+        failures = self.rec.failures + 1
+        first = (
+            self.rec.first_failure_at if self.rec.first_failure_at is not None else v.observed_at
+        )
+        self.update(failures=failures, first_failure_at=first)
+        if v.immediate or failures >= self.s.health.failure_threshold:
+            self._reach_verdict(v, leaving_service=in_service)
+        elif self.rec.step is not Step.SUSPECT:
+            self.goto(Step.SUSPECT)
+            self.requeue = None
+            self.event(
+                Reason.SUSPECT,
+                f"{v.verdict}: {v.reason} ({failures}/{self.s.health.failure_threshold})",
+                warning=True,
+            )
+
+    def _reach_verdict(self, v: GroupVerdict, *, leaving_service: bool) -> None:
+        first = (
+            self.rec.first_failure_at if self.rec.first_failure_at is not None else v.observed_at
+        )
+        self._open_incident(v.verdict.value, v.reason, _evidence_text(v), first_failure=first)
+        self.event(
+            _VERDICT_REASON.get(v.verdict, Reason.UNRESPONSIVE),
+            f"{v.verdict} in epoch {self.rec.epoch}: {v.reason}",
+            warning=True,
+        )
+        self._begin_recovery(leaving_service=leaving_service)
+
+    def _begin_recovery(self, *, leaving_service: bool, note: str = "") -> None:
+        """Start draining, unless the policy or the role's last group in service forbid."""
+        if self.s.recovery.policy == "ObserveOnly":
+            self._set_action("observed only (policy ObserveOnly)")
+            self.goto(Step.OBSERVING)
+            self.requeue = None
+            return
+        if leaving_service and not self.g.may_leave_service:
+            if self.rec.step is not Step.SUSPECT:
+                self.goto(Step.SUSPECT)
+                self.requeue = None
+            self._set_action("deferred: last group of the role in service")
+            self.defer(
+                "last-in-service",
+                "restart deferred: it is the last group of the role in service and another "
+                "group is still coming back",
+            )
+            return
+        self._set_action(f"drain and restart the whole group ({self.rec.mode}){note}")
+        self.goto(Step.DRAINING, failures=0, first_failure_at=None)
+
+    def _attempt_failed(self, reason: str, verdict: str) -> None:
+        """The epoch being started did not come up: treat it as another failure."""
+        if self.rec.incident is None:
+            self._open_incident(verdict, reason, "", first_failure=self.now)
+            self.event(
+                _VERDICT_REASON.get(Verdict(verdict), Reason.UNRESPONSIVE),
+                f"epoch {self.rec.epoch} did not come up: {reason}",
+                warning=True,
+            )
+            self._begin_recovery(leaving_service=False)
+            return
+        attempts = self.rec.incident.attempts
+        self.event(
+            Reason.RESTART_FAILED,
+            f"epoch {self.rec.epoch} did not come up: {reason}",
+            warning=True,
+        )
+        self._begin_recovery(leaving_service=False, note=f"; attempt {attempts} failed: {reason}")
+
+    # -- steps (one method per Step, named after it)
+
+    def _on_starting(self, v: GroupVerdict | None) -> None:
+        self._wait_first_pass(v)
+
+    def _on_waiting_probe(self, v: GroupVerdict | None) -> None:
+        self._wait_first_pass(v)
+
+    def _wait_first_pass(self, v: GroupVerdict | None) -> None:
+        if v is not None and v.verdict is Verdict.HEALTHY:
+            self.goto(Step.READMITTING)
+            return
+        if v is not None and v.is_failure and v.signals & BROKEN_SIGNALS:
+            self._attempt_failed(v.reason, v.verdict.value)
+            return
+        deadline = self.rec.epoch_started_at + self.s.health.startup_grace_seconds
+        if self.now >= deadline:
+            why = (
+                f"no deep probe passed within startupGraceSeconds="
+                f"{self.s.health.startup_grace_seconds}"
+            )
+            if self.rec.last_reason:
+                why += f" (last: {self.rec.last_reason})"
+            self._attempt_failed(why, Verdict.UNKNOWN.value)
+            return
+        self.again_in(deadline - self.now)
+
+    def _on_healthy(self, v: GroupVerdict | None) -> None:
+        reset = self.s.recovery.backoff.reset_after_seconds
+        since = self.rec.healthy_since
+        if self.rec.backoff_streak and since is not None and self.now - since >= reset:
+            self.update(backoff_streak=0)
+        if v is None:
+            return
+        if v.is_failure:
+            self._count_failure(v, in_service=True)
+        else:
+            self.update(failures=0, first_failure_at=None)
+
+    def _on_suspect(self, v: GroupVerdict | None) -> None:
+        if self.rec.incident is not None:
+            # A verdict was reached but the role's guard kept the group in service.
+            if v is not None and not v.is_failure:
+                self.goto(Step.READMITTING)
+                return
+            self._begin_recovery(leaving_service=True)
+            return
+        if v is None:
+            return
+        if v.is_failure:
+            self._count_failure(v, in_service=True)
+        else:
+            # Slow is progress: a probe that times out under load never restarts a group.
+            self.goto(Step.HEALTHY, failures=0, first_failure_at=None)
+            self.requeue = None
+
+    def _on_observing(self, v: GroupVerdict | None) -> None:
+        if v is not None and not v.is_failure:
+            # Through Readmitting: a group that never passed a probe has no gate yet.
+            self.goto(Step.READMITTING)
+            return
+        if self.s.recovery.policy != "ObserveOnly":
+            self._begin_recovery(leaving_service=True)
+
+    def _on_draining(self, v: GroupVerdict | None) -> None:
+        todo = [p for p in self.pods() if not p.deleting and p.gate is not False]
+        if todo:
+            self.actions.append(SetGate(_refs(todo), False))
+            self.again_in(RECHECK_SECONDS)
+            return
+        self.event(Reason.DRAINED, "out of the router (readiness gate false on every pod)")
+        self.goto(Step.CAPTURING_EVIDENCE)
+
+    def _on_capturing_evidence(self, v: GroupVerdict | None) -> None:
+        incident = self.rec.incident
+        diag = self.s.recovery.diagnostics
+        if incident is not None and self.pods():
+            self.actions.append(
+                CaptureEvidence(
+                    incident.id,
+                    _refs(self.pods()),
+                    diag.capture_stacks,
+                    diag.log_lines,
+                    diag.max_evidence_bytes,
+                )
+            )
+        self.goto(Step.AWAITING_RESTART)
+
+    def _on_awaiting_restart(self, v: GroupVerdict | None) -> None:
+        rec, rs = self.rec, self.s.recovery
+        if not rec.manual:
+            used = restarts_in_window(rec, rs, self.now)
+            if used >= rs.budget.restarts:
+                why = (
+                    f"{used} restarts within {rs.budget.window_seconds}s "
+                    f"(budget {rs.budget.restarts}); restart by hand to retry"
+                )
+                self._set_action(f"quarantined: {why}")
+                self.event(Reason.QUARANTINED, f"quarantined: {why}", warning=True)
+                self.goto(Step.QUARANTINED)
+                self.requeue = None
+                return
+            until = backoff_until(rec, rs)
+            if until is not None and self.now < until:
+                self.defer("backoff", f"restart deferred by backoff for {until - self.now:.0f}s")
+                self.again_in(until - self.now)
+                return
+        if not self.g.slot_granted:
+            self.defer(
+                "concurrency",
+                f"restart deferred: {self.g.restarting} group(s) of the role restarting "
+                f"(maxConcurrentGroupRestarts={rs.max_concurrent_group_restarts})",
+            )
+            return
+        # Snapshot the pods to delete before the first delete: every retry of the delete
+        # then names the same UIDs, whatever the API server shows by then.
+        window = rs.budget.window_seconds
+        times = (*(t for t in rec.restart_times if self.now - t < window), self.now)
+        attempts = rec.incident.attempts + 1 if rec.incident else 1
+        if rec.incident is not None:
+            self.update(incident=rec.incident.model_copy(update={"attempts": attempts}))
+        self.goto(
+            Step.DELETING,
+            old_pods=_refs(self.pods()),
+            force_deleted=False,
+            restarts=rec.restarts + 1,
+            restart_times=times[-MAX_RESTART_TIMES:],
+            backoff_streak=rec.backoff_streak + 1,
+            last_restart_at=self.now,
+            manual=False,
+        )
+
+    def _on_deleting(self, v: GroupVerdict | None) -> None:
+        if self.rec.old_pods:
+            self.actions.append(DeletePods(self.rec.old_pods, DELETE_GRACE_SECONDS))
+        self.goto(Step.WAITING_GONE)
+
+    def _on_waiting_gone(self, v: GroupVerdict | None) -> None:
+        target = self.rec.epoch + 1
+        # Anything of another epoch must go before the new epoch rendezvouses; pods of
+        # the target epoch cannot exist yet, and are never deleted here if they do.
+        left = [p for p in self.pods() if p.epoch != target]
+        if not left:
+            self.goto(Step.CREATING, epoch=target)
+            return
+        alive = [p for p in left if not p.deleting]
+        if alive:
+            self.actions.append(DeletePods(_refs(alive), DELETE_GRACE_SECONDS))
+        if (
+            not self.rec.force_deleted
+            and self.now - self.rec.step_since >= FORCE_DELETE_AFTER_SECONDS
+        ):
+            self.actions.append(DeletePods(_refs(left), 0))
+            self.event(
+                Reason.FORCE_DELETED,
+                f"{len(left)} pod(s) still terminating after {FORCE_DELETE_AFTER_SECONDS}s: "
+                "deleted with grace 0",
+                warning=True,
+            )
+            self.update(force_deleted=True)
+        self.again_in(RECHECK_SECONDS)
+
+    def _on_creating(self, v: GroupVerdict | None) -> None:
+        have = [p for p in self.current_pods() if not p.deleting]
+        if len(have) >= self.s.pods_per_group:
+            attempts = self.rec.incident.attempts if self.rec.incident else 0
+            self.event(
+                Reason.RESTARTED,
+                f"restarted as epoch {self.rec.epoch} ({self.rec.mode}, attempt {attempts})",
+            )
+            self.goto(Step.WAITING_PROBE, epoch_started_at=self.now, failures=0)
+            self.requeue = None
+            return
+        self.actions.append(CreateEpoch(self.rec.epoch))
+        self.again_in(RECHECK_SECONDS)
+
+    def _on_readmitting(self, v: GroupVerdict | None) -> None:
+        todo = [p for p in self.current_pods() if not p.deleting and p.gate is not True]
+        if todo:
+            self.actions.append(SetGate(_refs(todo), True))
+            self.again_in(RECHECK_SECONDS)
+            return
+        if self.rec.incident is not None:
+            attempts = self.rec.incident.attempts
+            done = (
+                f"restarted the whole group ({self.rec.mode}, {attempts} attempt(s))"
+                if attempts
+                else f"no restart ({self.rec.incident.action or 'none'}); recovered by itself"
+            )
+            self._close_incident(f"{done}; re-admitted in epoch {self.rec.epoch}")
+            self.event(Reason.READMITTED, f"{done}; re-admitted in epoch {self.rec.epoch}")
+        else:
+            self.event(Reason.READY, f"admitted in epoch {self.rec.epoch}")
+        self.goto(Step.HEALTHY, failures=0, first_failure_at=None, healthy_since=self.now)
+        self.requeue = None
+
+    def _on_quarantined(self, v: GroupVerdict | None) -> None:
+        # Nothing until a manual request (handled before the step handlers run).
+        return
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def rfc3339(t: float) -> str:
+    """A unix time as RFC 3339 UTC, the form Kubernetes status uses."""
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _refs(pods: Sequence[PodView]) -> tuple[PodRef, ...]:
+    return tuple(PodRef(name=p.name, uid=p.uid) for p in sorted(pods, key=lambda p: p.name))
+
+
+def _evidence_text(v: GroupVerdict) -> str:
+    lines = [v.reason, f"signals: {', '.join(sorted(v.signals))}"]
+    for key, value in v.evidence.items():
+        if isinstance(value, list):
+            lines.append(f"{key}:")
+            lines.extend(f"  {item}" for item in value)
+        else:
+            lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def _bound(text: str, max_bytes: int) -> str:
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    return data[: max_bytes - 16].decode(errors="ignore") + "\n... (truncated)"

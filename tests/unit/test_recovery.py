@@ -1,0 +1,921 @@
+"""Recovery: the per-group state machine and the role's guard rails, with an injected clock.
+
+Most tests drive `plan_role` against `Sim`, a fake API server for one role: it applies
+the planner's actions to pods (gates, deletes with UID preconditions, create-or-409)
+exactly as the I/O layer is specified to, and persists the records between rounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import pytest
+from lockstep.models import BackoffSpec, BudgetSpec, HealthSpec, Incident, RecoverySpec
+from lockstep.recovery import (
+    DELETE_GRACE_SECONDS,
+    FORCE_DELETE_AFTER_SECONDS,
+    RESTARTING_STEPS,
+    Action,
+    CaptureEvidence,
+    CloseIncident,
+    CreateEpoch,
+    DeletePods,
+    EmitEvent,
+    GroupInput,
+    GroupRecord,
+    IncidentRecord,
+    OpenIncident,
+    PodRef,
+    Reason,
+    RoleGuards,
+    RolePlan,
+    RoleSettings,
+    SetGate,
+    Step,
+    UpdateIncident,
+    backoff_until,
+    new_group_record,
+    plan_group,
+    plan_role,
+    reconciler_may_create_pods,
+    rfc3339,
+    status_state,
+)
+from lockstep.verdicts import (
+    AgentReport,
+    Collective,
+    Decision,
+    GroupObservation,
+    GroupVerdict,
+    PodView,
+    ProbeOutcome,
+    RankState,
+    Signal,
+    Verdict,
+    classify_group,
+)
+
+T0 = 10_000.0
+GRACE = 600
+
+
+def settings(
+    *,
+    threshold: int = 3,
+    max_concurrent: int = 1,
+    budget: int = 3,
+    window: int = 3600,
+    base: int = 30,
+    max_backoff: int = 600,
+    reset_after: int = 1800,
+    policy: str = "RestartGroup",
+    pods_per_group: int = 2,
+) -> RoleSettings:
+    return RoleSettings(
+        "decode",
+        pods_per_group,
+        HealthSpec(failure_threshold=threshold, startup_grace_seconds=GRACE),
+        RecoverySpec.model_validate(
+            {
+                "policy": policy,
+                "maxConcurrentGroupRestarts": max_concurrent,
+                "backoff": BackoffSpec(
+                    base_seconds=base, max_seconds=max_backoff, reset_after_seconds=reset_after
+                ),
+                "budget": BudgetSpec(restarts=budget, window_seconds=window),
+            }
+        ),
+    )
+
+
+# What a probe round may say about a group, as the recovery planner sees it.
+VERDICTS: dict[str, tuple[Verdict, bool, frozenset[Signal]]] = {
+    "ok": (Verdict.HEALTHY, False, frozenset()),
+    "slow": (Verdict.SLOW, False, frozenset({Signal.PROGRESS})),
+    "hung": (Verdict.HUNG, False, frozenset({Signal.SAME_COLLECTIVE, Signal.NO_PROGRESS})),
+    "timeout": (Verdict.UNKNOWN, False, frozenset({Signal.PROBE_TIMEOUT})),
+    "desync!": (Verdict.DESYNCED, True, frozenset({Signal.CONSENSUS_FAILURE})),
+    "down!": (Verdict.RANK_DOWN, True, frozenset({Signal.CONTAINER_RESTARTED})),
+    "missing!": (Verdict.RANK_DOWN, True, frozenset({Signal.POD_MISSING})),
+}
+
+
+def verdict(kind: str, epoch: int, at: float) -> GroupVerdict:
+    v, immediate, signals = VERDICTS[kind]
+    return GroupVerdict(
+        verdict=v,
+        immediate=immediate,
+        reason=f"test says {kind}",
+        epoch=epoch,
+        observed_at=at,
+        signals=signals,
+        evidence={"ranks": ["m-decode-0-0/r0 it=5"], "probe": "timeout"},
+    )
+
+
+@dataclass
+class Sim:
+    """A fake API server for the pods of one role, plus the records the I/O layer keeps."""
+
+    cfg: RoleSettings = field(default_factory=settings)
+    groups: int = 1
+    now: float = T0
+    pods: dict[int, dict[str, PodView]] = field(default_factory=dict)
+    records: dict[int, GroupRecord] = field(default_factory=dict)
+    log: list[tuple[float, int, Action]] = field(default_factory=list)
+    incidents: dict[str, Incident] = field(default_factory=dict)
+    settle_deletes: bool = True
+    _uids: Iterable[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        for i in range(self.groups):
+            self.pods[i] = {}
+            self.create(i, 0, gate=True)
+            self.records[i] = new_group_record("decode", i, now=self.now - 5000).model_copy(
+                update={"step": Step.HEALTHY, "healthy_since": self.now - 4000}
+            )
+
+    # -- the fake API server
+
+    def create(self, group: int, epoch: int, gate: bool | None = None) -> None:
+        names = {p.name for p in self.pods[group].values()}
+        for rank in range(self.cfg.pods_per_group):
+            name = f"m-decode-{group}-{rank}"
+            if name in names:
+                continue  # 409: a pod of that name still exists
+            uid = f"g{group}-e{epoch}-r{rank}-{next(iter(self._uids))}"
+            self.pods[group][uid] = PodView(name, uid, epoch, rank, gate=gate)
+
+    def apply(self, group: int, actions: Iterable[Action]) -> None:
+        pods = self.pods[group]
+        for a in actions:
+            self.log.append((self.now, group, a))
+            if isinstance(a, SetGate):
+                for ref in a.pods:
+                    if ref.uid in pods:
+                        pods[ref.uid] = replace(pods[ref.uid], gate=a.value)
+            elif isinstance(a, DeletePods):
+                for ref in a.pods:  # the UID is the precondition
+                    if ref.uid in pods:
+                        pods[ref.uid] = replace(pods[ref.uid], deleting=True)
+                        if a.grace_seconds == 0:
+                            del pods[ref.uid]
+            elif isinstance(a, CreateEpoch):
+                self.create(group, a.epoch)
+            elif isinstance(a, OpenIncident | UpdateIncident | CloseIncident):
+                self.incidents[a.incident.id] = a.incident
+
+    def settle(self) -> None:
+        """The kubelet finishes every pending delete."""
+        for pods in self.pods.values():
+            for uid in [u for u, p in pods.items() if p.deleting]:
+                del pods[uid]
+
+    def view(self, group: int) -> tuple[PodView, ...]:
+        return tuple(sorted(self.pods[group].values(), key=lambda p: p.name))
+
+    # -- the I/O layer
+
+    def inputs(
+        self, verdicts: dict[int, str] | None = None, manual: dict[int, str] | None = None
+    ) -> dict[int, GroupInput]:
+        verdicts, manual = verdicts or {}, manual or {}
+        return {
+            i: GroupInput(
+                pods=self.view(i),
+                verdict=(
+                    verdict(verdicts[i], self.records[i].epoch, self.now) if i in verdicts else None
+                ),
+                manual_request=manual.get(i),
+            )
+            for i in range(self.groups)
+        }
+
+    def round(
+        self,
+        verdicts: dict[int, str] | None = None,
+        manual: dict[int, str] | None = None,
+        dt: float = 1.0,
+    ) -> RolePlan:
+        plan = plan_role(self.cfg, self.records, self.inputs(verdicts, manual), now=self.now)
+        for i, gp in plan.groups.items():
+            self.apply(i, gp.actions)
+            self.records[i] = gp.record
+        if self.settle_deletes:
+            self.settle()
+        self.now += dt
+        return plan
+
+    def step(self, group: int = 0) -> Step:
+        return self.records[group].step
+
+    def recover(self, group: int = 0, rounds: int = 30) -> None:
+        """Rounds in which the group's probe passes (no news of the others), until it is
+        Healthy again."""
+        for _ in range(rounds):
+            if self.step(group) is Step.HEALTHY:
+                return
+            self.round({group: "ok"})
+        raise AssertionError(f"group {group} stuck in {self.step(group)}")
+
+    def actions(self, kind: type, group: int | None = None) -> list[Action]:
+        return [a for _, g, a in self.log if isinstance(a, kind) and group in (None, g)]
+
+    def reasons(self, group: int | None = None) -> list[str]:
+        return [a.reason for a in self.actions(EmitEvent, group) if isinstance(a, EmitEvent)]
+
+
+def steps_of(plan: RolePlan) -> dict[int, Step]:
+    return {i: p.record.step for i, p in plan.groups.items()}
+
+
+# ------------------------------------------------------------------- the whole path
+
+
+def test_desync_recovers_through_every_step_in_order() -> None:
+    sim = Sim()
+    old = {p.uid for p in sim.view(0)}
+    seen = [sim.step()]
+    sim.round({0: "desync!"})
+    seen.append(sim.step())
+    for _ in range(20):
+        sim.round({0: "ok"})
+        if seen[-1] != sim.step():
+            seen.append(sim.step())
+        if sim.step() is Step.HEALTHY:
+            break
+    assert seen == [
+        Step.HEALTHY,
+        Step.DRAINING,
+        Step.CAPTURING_EVIDENCE,
+        Step.AWAITING_RESTART,
+        Step.DELETING,
+        Step.WAITING_GONE,
+        Step.CREATING,
+        Step.WAITING_PROBE,
+        Step.READMITTING,
+        Step.HEALTHY,
+    ]
+    # Drained before evidence, evidence before delete, delete before create.
+    kinds = [type(a).__name__ for _, _, a in sim.log if not isinstance(a, EmitEvent)]
+    assert kinds == [
+        "OpenIncident",
+        "UpdateIncident",
+        "SetGate",
+        "CaptureEvidence",
+        "DeletePods",
+        "CreateEpoch",
+        "SetGate",
+        "CloseIncident",
+    ]
+    (drain, readmit) = sim.actions(SetGate)
+    assert isinstance(drain, SetGate) and isinstance(readmit, SetGate)
+    assert drain.value is False and {r.uid for r in drain.pods} == old
+    (delete,) = sim.actions(DeletePods)
+    assert isinstance(delete, DeletePods)
+    assert {r.uid for r in delete.pods} == old
+    assert delete.grace_seconds == DELETE_GRACE_SECONDS
+    assert sim.actions(CreateEpoch) == [CreateEpoch(1)]
+    assert readmit.value is True and {r.uid for r in readmit.pods} == {p.uid for p in sim.view(0)}
+    assert {p.epoch for p in sim.view(0)} == {1}
+    assert all(p.gate for p in sim.view(0))
+    assert sim.reasons() == [
+        "GroupDesynced",
+        "GroupDrained",
+        "GroupRestarted",
+        "GroupReadmitted",
+    ]
+    rec = sim.records[0]
+    assert (rec.epoch, rec.restarts, rec.incident) == (1, 1, None)
+
+
+def test_closed_incident_has_time_to_detect_and_time_to_recover() -> None:
+    sim = Sim()
+    t_first = sim.now
+    sim.round({0: "hung"}, dt=5)
+    sim.round({0: "hung"}, dt=5)
+    t_verdict = sim.now
+    sim.round({0: "hung"}, dt=5)
+    assert sim.step() is Step.DRAINING
+    sim.recover(0)
+    t_readmit = sim.now - 1  # the round that saw every gate true
+    (incident,) = sim.incidents.values()
+    assert incident.state == "Closed"
+    assert incident.verdict == "Hung"
+    assert incident.epoch == 0
+    assert incident.time_to_detect_seconds == t_verdict - t_first == 10
+    assert incident.time_to_recover_seconds == t_readmit - t_verdict
+    assert incident.first_failure_time == rfc3339(t_first)
+    assert incident.detected_time == rfc3339(t_verdict)
+    assert incident.recovered_time == rfc3339(t_readmit)
+    assert "restarted the whole group (Recreate, 1 attempt(s))" in incident.action
+    assert "test says hung" in incident.evidence
+    assert "same-collective" in incident.evidence
+
+
+# ------------------------------------------------------------------- every transition
+
+
+def rec(step: Step, **kw: object) -> GroupRecord:
+    base = new_group_record("decode", 0, now=T0 - 100, epoch=4).model_copy(
+        update={"step": step, "step_since": T0 - 10}
+    )
+    return base.model_copy(update=kw)
+
+
+INCIDENT = IncidentRecord(
+    id="decode-0-1",
+    verdict="Desynced",
+    epoch=4,
+    reason="x",
+    first_failure_at=T0 - 20,
+    detected_at=T0 - 15,
+)
+
+
+def pods(epoch: int = 4, gate: bool | None = True, deleting: bool = False) -> tuple[PodView, ...]:
+    return tuple(
+        PodView(f"m-decode-0-{r}", f"e{epoch}-{r}", epoch, r, gate=gate, deleting=deleting)
+        for r in range(2)
+    )
+
+
+def V(kind: str, epoch: int = 4) -> GroupVerdict:
+    return verdict(kind, epoch, T0)
+
+
+OLD_REFS = tuple(PodRef(name=f"m-decode-0-{r}", uid=f"e4-{r}") for r in range(2))
+
+TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
+    # (name, record, facts, next step, action kinds)
+    ("starting: probe passes", rec(Step.STARTING), GroupInput(pods(gate=None), V("ok")),
+     Step.READMITTING, []),
+    ("starting: failures within grace wait", rec(Step.STARTING), GroupInput(pods(), V("hung")),
+     Step.STARTING, []),
+    ("starting: a pod not there yet waits", rec(Step.STARTING),
+     GroupInput(pods()[:1], V("missing!")), Step.STARTING, []),
+    ("starting: a container restarted", rec(Step.STARTING), GroupInput(pods(), V("down!")),
+     Step.DRAINING, ["OpenIncident", "EmitEvent", "UpdateIncident"]),
+    ("starting: grace over", rec(Step.STARTING, epoch_started_at=T0 - GRACE),
+     GroupInput(pods()), Step.DRAINING, ["OpenIncident", "EmitEvent", "UpdateIncident"]),
+    ("healthy: probe passes", rec(Step.HEALTHY), GroupInput(pods(), V("ok")), Step.HEALTHY, []),
+    ("healthy: slow", rec(Step.HEALTHY), GroupInput(pods(), V("slow")), Step.HEALTHY, []),
+    ("healthy: first hung", rec(Step.HEALTHY), GroupInput(pods(), V("hung")), Step.SUSPECT,
+     ["EmitEvent"]),
+    ("healthy: desync acts at once", rec(Step.HEALTHY), GroupInput(pods(), V("desync!")),
+     Step.DRAINING, ["OpenIncident", "EmitEvent", "UpdateIncident"]),
+    ("healthy: rank down acts at once", rec(Step.HEALTHY), GroupInput(pods(), V("down!")),
+     Step.DRAINING, ["OpenIncident", "EmitEvent", "UpdateIncident"]),
+    ("suspect: passes again", rec(Step.SUSPECT, failures=2), GroupInput(pods(), V("ok")),
+     Step.HEALTHY, []),
+    ("suspect: slow again", rec(Step.SUSPECT, failures=2), GroupInput(pods(), V("slow")),
+     Step.HEALTHY, []),
+    ("suspect: below threshold", rec(Step.SUSPECT, failures=1), GroupInput(pods(), V("timeout")),
+     Step.SUSPECT, []),
+    ("suspect: threshold reached", rec(Step.SUSPECT, failures=2), GroupInput(pods(), V("hung")),
+     Step.DRAINING, ["OpenIncident", "EmitEvent", "UpdateIncident"]),
+    ("suspect: no probe this round", rec(Step.SUSPECT, failures=2), GroupInput(pods()),
+     Step.SUSPECT, []),
+    ("observing: passes again", rec(Step.OBSERVING, incident=INCIDENT), GroupInput(pods(), V("ok")),
+     Step.READMITTING, []),
+    ("observing: policy now RestartGroup", rec(Step.OBSERVING, incident=INCIDENT),
+     GroupInput(pods(), V("hung")), Step.DRAINING, ["UpdateIncident"]),
+    ("draining: gates to set", rec(Step.DRAINING, incident=INCIDENT), GroupInput(pods()),
+     Step.DRAINING, ["SetGate"]),
+    ("draining: every gate false", rec(Step.DRAINING, incident=INCIDENT),
+     GroupInput(pods(gate=False)), Step.CAPTURING_EVIDENCE, ["EmitEvent"]),
+    ("capturing evidence", rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT),
+     GroupInput(pods(gate=False)), Step.AWAITING_RESTART, ["CaptureEvidence"]),
+    ("awaiting restart: slot free", rec(Step.AWAITING_RESTART, incident=INCIDENT),
+     GroupInput(pods(gate=False)), Step.DELETING, []),
+    ("deleting", rec(Step.DELETING, incident=INCIDENT, old_pods=OLD_REFS),
+     GroupInput(pods(gate=False)), Step.WAITING_GONE, ["DeletePods"]),
+    ("waiting gone: still terminating", rec(Step.WAITING_GONE, old_pods=OLD_REFS),
+     GroupInput(pods(deleting=True)), Step.WAITING_GONE, []),
+    ("waiting gone: a delete was lost", rec(Step.WAITING_GONE, old_pods=OLD_REFS),
+     GroupInput(pods()), Step.WAITING_GONE, ["DeletePods"]),
+    ("waiting gone: all gone", rec(Step.WAITING_GONE, old_pods=OLD_REFS), GroupInput(()),
+     Step.CREATING, []),
+    ("creating: pods missing", rec(Step.CREATING, epoch=5), GroupInput(()), Step.CREATING,
+     ["CreateEpoch"]),
+    ("creating: one pod of two", rec(Step.CREATING, epoch=5), GroupInput(pods(5)[:1]),
+     Step.CREATING, ["CreateEpoch"]),
+    ("creating: every pod there", rec(Step.CREATING, epoch=5, incident=INCIDENT),
+     GroupInput(pods(5, gate=None)), Step.WAITING_PROBE, ["EmitEvent"]),
+    ("waiting probe: passes", rec(Step.WAITING_PROBE, epoch=5, incident=INCIDENT),
+     GroupInput(pods(5, gate=None), V("ok", 5)), Step.READMITTING, []),
+    ("waiting probe: still loading", rec(Step.WAITING_PROBE, epoch=5, incident=INCIDENT),
+     GroupInput(pods(5, gate=None), V("timeout", 5)), Step.WAITING_PROBE, []),
+    ("waiting probe: old epoch verdict ignored",
+     rec(Step.WAITING_PROBE, epoch=5, incident=INCIDENT, epoch_started_at=T0 - 1),
+     GroupInput(pods(5, gate=None), V("down!", 4)), Step.WAITING_PROBE, []),
+    ("waiting probe: new epoch broke",
+     rec(Step.WAITING_PROBE, epoch=5, incident=INCIDENT),
+     GroupInput(pods(5, gate=None), V("down!", 5)), Step.DRAINING,
+     ["EmitEvent", "UpdateIncident"]),
+    ("waiting probe: timed out",
+     rec(Step.WAITING_PROBE, epoch=5, incident=INCIDENT, epoch_started_at=T0 - GRACE),
+     GroupInput(pods(5, gate=None)), Step.DRAINING, ["EmitEvent", "UpdateIncident"]),
+    ("readmitting: gates to set", rec(Step.READMITTING, incident=INCIDENT),
+     GroupInput(pods(gate=None)), Step.READMITTING, ["SetGate"]),
+    ("readmitting: every gate true", rec(Step.READMITTING, incident=INCIDENT),
+     GroupInput(pods()), Step.HEALTHY, ["CloseIncident", "EmitEvent"]),
+    ("readmitting: first admission", rec(Step.READMITTING), GroupInput(pods()),
+     Step.HEALTHY, ["EmitEvent"]),
+    ("quarantined stays", rec(Step.QUARANTINED, incident=INCIDENT),
+     GroupInput(pods(gate=False), V("ok")), Step.QUARANTINED, []),
+    ("quarantined: manual request", rec(Step.QUARANTINED, incident=INCIDENT),
+     GroupInput(pods(gate=False), manual_request="req-1"), Step.DRAINING, ["EmitEvent"]),
+    ("healthy: manual request", rec(Step.HEALTHY), GroupInput(pods(), manual_request="req-1"),
+     Step.DRAINING, ["OpenIncident", "EmitEvent"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("record", "inp", "step", "kinds"),
+    [t[1:] for t in TRANSITIONS],
+    ids=[t[0] for t in TRANSITIONS],
+)
+def test_transition(record: GroupRecord, inp: GroupInput, step: Step, kinds: list[str]) -> None:
+    plan = plan_group(record, inp, settings(), now=T0)
+    assert plan.record.step is step
+    assert [type(a).__name__ for a in plan.actions] == kinds
+    # The same round planned again from the same record is the same plan (a restarted
+    # operator that lost the I/O of this round redoes exactly it).
+    assert plan_group(record, inp, settings(), now=T0) == plan
+    # Every record survives the annotation round trip.
+    assert GroupRecord.from_json(plan.record.to_json()) == plan.record
+
+
+def test_every_step_has_a_transition_case() -> None:
+    covered = {t[1].step for t in TRANSITIONS}
+    assert covered == set(Step)
+
+
+def test_an_observation_counts_once_however_often_the_planner_runs() -> None:
+    r = rec(Step.HEALTHY)
+    inp = GroupInput(pods(), V("hung"))
+    first = plan_group(r, inp, settings(), now=T0)
+    again = plan_group(first.record, inp, settings(), now=T0 + 1)
+    assert first.record.failures == again.record.failures == 1
+    assert again.actions == ()
+
+
+def test_suspect_event_once_then_verdict_at_threshold() -> None:
+    sim = Sim()
+    for _ in range(2):
+        sim.round({0: "timeout"})
+        assert sim.step() is Step.SUSPECT
+    assert sim.reasons() == ["GroupSuspect"]
+    sim.round({0: "timeout"})
+    assert sim.step() is Step.DRAINING
+    assert sim.reasons() == ["GroupSuspect", "GroupUnresponsive"]
+
+
+def test_pods_gone_forever_are_force_deleted_once() -> None:
+    sim = Sim(settle_deletes=False)
+    sim.round({0: "down!"})
+    for _ in range(6):
+        sim.round()
+    assert sim.step() is Step.WAITING_GONE
+    sim.now += FORCE_DELETE_AFTER_SECONDS
+    sim.round()
+    sim.round()
+    forced = [
+        a for a in sim.actions(DeletePods) if isinstance(a, DeletePods) and not a.grace_seconds
+    ]
+    assert len(forced) == 1
+    assert sim.reasons().count("GroupForceDeleted") == 1
+    assert sim.step() is Step.CREATING
+
+
+def test_evidence_is_asked_for_with_the_spec_limits() -> None:
+    sim = Sim()
+    sim.round({0: "desync!"})
+    sim.recover(0)
+    (cap,) = sim.actions(CaptureEvidence)
+    assert isinstance(cap, CaptureEvidence)
+    assert cap.incident_id in sim.incidents
+    assert (cap.stacks, cap.log_lines, cap.max_bytes) == (True, 200, 16384)
+    assert len(cap.pods) == 2
+
+
+def test_incident_evidence_is_bounded_by_max_evidence_bytes() -> None:
+    big = replace(V("desync!"), evidence={"ranks": ["r" * 200] * 500})
+    plan = plan_group(rec(Step.HEALTHY), GroupInput(pods(), big), settings(), now=T0)
+    (opened,) = [a for a in plan.actions if isinstance(a, OpenIncident)]
+    assert len(opened.incident.evidence.encode()) <= 16384
+    assert opened.incident.evidence.endswith("(truncated)")
+
+
+# ------------------------------------------------------------ operator restart anywhere
+
+
+@pytest.mark.parametrize("lose", ["io", "record"])
+def test_operator_restart_at_every_step_never_doubles_a_delete_or_a_create(lose: str) -> None:
+    """Every round, the operator dies once: either before the I/O (it re-plans the same
+    round) or after the I/O but before persisting the record (it re-plans from the old
+    record against the changed world)."""
+    sim = Sim(settle_deletes=False)
+    old_uids = {p.uid for p in sim.view(0)}
+    kinds = ["desync!"] + ["ok"] * 40
+    visited = set()
+    for kind in kinds:
+        before = sim.records[0]
+        inputs = sim.inputs({0: kind})
+        plan = plan_role(sim.cfg, sim.records, inputs, now=sim.now)
+        if lose == "io":
+            # Crash before any I/O: the same round planned again gives the same plan.
+            assert plan_role(sim.cfg, sim.records, inputs, now=sim.now) == plan
+        else:
+            sim.apply(0, plan.groups[0].actions)
+            # Crash before the record was persisted: plan again from the old record.
+            plan = plan_role(sim.cfg, {0: before}, sim.inputs({0: kind}), now=sim.now)
+        sim.apply(0, plan.groups[0].actions)
+        sim.records[0] = plan.groups[0].record
+        visited.add(sim.step())
+        sim.settle()
+        sim.now += 1
+        if sim.step() is Step.HEALTHY and sim.records[0].epoch == 1:
+            break
+    assert visited >= {
+        Step.DRAINING,
+        Step.CAPTURING_EVIDENCE,
+        Step.AWAITING_RESTART,
+        Step.DELETING,
+        Step.WAITING_GONE,
+        Step.CREATING,
+        Step.WAITING_PROBE,
+        Step.READMITTING,
+        Step.HEALTHY,
+    }
+    deleted = {r.uid for a in sim.actions(DeletePods) if isinstance(a, DeletePods) for r in a.pods}
+    assert deleted == old_uids  # never a pod of the new epoch
+    assert {a for a in sim.actions(CreateEpoch)} == {CreateEpoch(1)}
+    assert len(sim.view(0)) == 2 and {p.epoch for p in sim.view(0)} == {1}
+    assert sim.records[0].restarts == 1
+    assert [i.state for i in sim.incidents.values()] == ["Closed"]
+
+
+def test_record_survives_a_restart_mid_recovery_through_its_json() -> None:
+    sim = Sim()
+    sim.round({0: "desync!"})
+    for _ in range(5):
+        sim.round()
+    assert sim.step() is Step.WAITING_GONE or sim.step() is Step.CREATING
+    sim.records = {i: GroupRecord.from_json(r.to_json()) for i, r in sim.records.items()}
+    sim.recover(0)
+    assert sim.records[0].epoch == 1
+    assert len(sim.records[0].to_json()) < 2048
+
+
+def test_reconciler_keeps_off_the_pods_while_recovery_replaces_them() -> None:
+    owned = {s for s in Step if not reconciler_may_create_pods(rec(s))}
+    assert owned == {Step.DELETING, Step.WAITING_GONE, Step.CREATING}
+
+
+# ------------------------------------------------------------------------ guard rails
+
+
+def test_slow_but_progressing_never_restarts() -> None:
+    sim = Sim()
+    for i in range(500):
+        sim.round({0: "timeout" if i % 3 == 0 else "slow"}, dt=5)
+    assert sim.step() in (Step.HEALTHY, Step.SUSPECT)
+    assert not sim.actions(SetGate) and not sim.actions(DeletePods)
+    assert not sim.actions(OpenIncident)
+
+
+def test_slow_from_real_rank_states_never_restarts() -> None:
+    """The verdict pipeline end to end: probes time out under load, ranks progress."""
+    sim = Sim()
+    previous: tuple[RankState, ...] = ()
+    for n in range(50):
+        ranks = tuple(
+            RankState(
+                pod=f"m-decode-0-{r // 2}",
+                rank=r,
+                iteration=100 + n * 7,
+                pid=40 + r,
+                last_decision=Decision("batch", 60 + n * 7 + (r % 2), "DECODE", 4, "h"),
+                collective=Collective("all_reduce", "tp:device", 900 + n, sim.now - 0.2),
+            )
+            for r in range(4)
+        )
+        obs = GroupObservation(
+            epoch=0,
+            expected_pods=2,
+            probe=ProbeOutcome("timeout"),
+            pods=sim.view(0),
+            agents=(
+                AgentReport("m-decode-0-0", ranks[:2]),
+                AgentReport("m-decode-0-1", ranks[2:]),
+            ),
+        )
+        v = classify_group(obs, previous, now=sim.now)
+        previous = ranks
+        plan = plan_role(sim.cfg, sim.records, {0: GroupInput(sim.view(0), v)}, now=sim.now)
+        sim.apply(0, plan.groups[0].actions)
+        sim.records[0] = plan.groups[0].record
+        sim.now += 5
+    assert sim.step() in (Step.HEALTHY, Step.SUSPECT)
+    assert not sim.actions(DeletePods) and not sim.actions(SetGate)
+
+
+def test_two_broken_groups_with_one_slot_restart_one_after_the_other() -> None:
+    sim = Sim(groups=3)
+    sim.round({0: "desync!", 1: "desync!"})
+    overlap = 0
+    order: list[int] = []
+    for _ in range(60):
+        plan = sim.round({0: "ok", 1: "ok", 2: "ok"})
+        restarting = [i for i, s in steps_of(plan).items() if s in RESTARTING_STEPS]
+        overlap = max(overlap, len(restarting))
+        for i in restarting:
+            if i not in order:
+                order.append(i)
+        if all(sim.step(i) is Step.HEALTHY for i in range(3)) and len(order) == 2:
+            break
+    assert overlap == 1
+    assert order == [0, 1]
+    assert [sim.records[i].epoch for i in range(3)] == [1, 1, 0]
+    assert sim.reasons(1).count("RestartDeferred") == 1
+    assert "RestartDeferred" not in sim.reasons(0)
+    # Both were drained at once: a desynced group serves nothing, waiting is out of service.
+    first_drain = {g for t, g, a in sim.log if isinstance(a, SetGate) and t == T0 + 1}
+    assert first_drain == {0, 1}
+
+
+def test_concurrency_limit_of_two_restarts_both_at_once() -> None:
+    sim = Sim(cfg=settings(max_concurrent=2), groups=3)
+    sim.round({0: "desync!", 1: "down!"})
+    overlap = 0
+    for _ in range(20):
+        plan = sim.round({0: "ok", 1: "ok", 2: "ok"})
+        overlap = max(overlap, sum(s in RESTARTING_STEPS for s in steps_of(plan).values()))
+    assert overlap == 2
+    assert "RestartDeferred" not in sim.reasons()
+
+
+def test_the_group_with_the_earliest_verdict_restarts_first() -> None:
+    sim = Sim(groups=2)
+    sim.round({1: "desync!"})
+    sim.round({0: "desync!"})
+    for _ in range(10):
+        sim.round()
+    assert sim.step(1) in RESTARTING_STEPS
+    assert sim.step(0) is Step.AWAITING_RESTART
+
+
+def test_last_group_in_service_is_not_taken_out_while_another_comes_back() -> None:
+    sim = Sim(groups=2)
+    sim.round({0: "desync!"})
+    for _ in range(8):
+        sim.round()
+    assert sim.step(0) is Step.WAITING_PROBE  # model loading
+    for _ in range(3):
+        sim.round({1: "hung"})
+    assert sim.step(1) is Step.SUSPECT
+    assert sim.records[1].incident is not None
+    assert status_state(sim.records[1]) == "Hung"
+    assert not sim.actions(SetGate, group=1)
+    assert sim.reasons(1) == ["GroupSuspect", "GroupHung", "RestartDeferred"]
+    updates = len(sim.actions(UpdateIncident, group=1))
+    sim.round({1: "hung"})
+    sim.round({1: "hung"})
+    assert sim.reasons(1).count("RestartDeferred") == 1  # once, not every round
+    assert len(sim.actions(UpdateIncident, group=1)) == updates
+    sim.recover(0)
+    sim.round({1: "hung"})
+    assert sim.step(1) is Step.DRAINING
+
+
+def test_a_deferred_group_that_recovers_by_itself_closes_its_incident() -> None:
+    sim = Sim(groups=2)
+    sim.round({0: "desync!"})
+    for _ in range(8):
+        sim.round()
+    for _ in range(3):
+        sim.round({1: "hung"})
+    sim.round({1: "slow"})
+    sim.round()
+    assert sim.step(1) is Step.HEALTHY
+    closed = [i for i in sim.incidents.values() if i.group == 1]
+    assert [i.state for i in closed] == ["Closed"]
+    assert "no restart" in closed[0].action
+    assert not sim.actions(DeletePods, group=1)
+
+
+def test_when_every_group_is_broken_the_last_one_restarts_too() -> None:
+    sim = Sim(groups=2)
+    sim.records[0] = sim.records[0].model_copy(
+        update={"step": Step.QUARANTINED, "incident": INCIDENT}
+    )
+    for _ in range(3):
+        sim.round({1: "hung"})
+    assert sim.step(1) is Step.DRAINING
+
+
+def test_a_single_group_role_is_restarted() -> None:
+    sim = Sim(groups=1)
+    for _ in range(3):
+        sim.round({0: "hung"})
+    assert sim.step(0) is Step.DRAINING
+
+
+def test_flapping_group_backs_off_then_is_quarantined() -> None:
+    sim = Sim(cfg=settings(budget=3, base=30, max_backoff=45))
+    restart_times: list[float] = []
+    for _ in range(4):
+        sim.round({0: "down!"})
+        for _ in range(300):
+            if sim.step() in (Step.HEALTHY, Step.QUARANTINED):
+                break
+            before = sim.step()
+            sim.round({0: "ok"})
+            if before is Step.AWAITING_RESTART and sim.step() is Step.DELETING:
+                restart_times.append(sim.now - 1)
+    assert sim.step() is Step.QUARANTINED
+    gaps = [b - a for a, b in itertools.pairwise(restart_times)]
+    assert len(restart_times) == 3
+    assert gaps[0] >= 30 and gaps[1] >= 45  # 30, then 60 capped at 45
+    assert gaps[1] < 60
+    assert sim.reasons().count("GroupQuarantined") == 1
+    deferred = [
+        a.message
+        for a in sim.actions(EmitEvent)
+        if isinstance(a, EmitEvent) and a.reason == "RestartDeferred"
+    ]
+    assert len(deferred) == 2 and all("backoff" in m for m in deferred)
+    plan = sim.round({0: "down!"})
+    assert plan.degraded and plan.quarantined == [0]
+    assert status_state(sim.records[0]) == "Quarantined"
+    deletes = len(sim.actions(DeletePods))
+    for _ in range(20):
+        sim.round({0: "down!"}, dt=60)  # well within the budget window
+    assert len(sim.actions(DeletePods)) == deletes  # no restart storm
+    incident = [i for i in sim.incidents.values() if i.state == "Open"]
+    assert len(incident) == 1 and "quarantined" in incident[0].action
+    # A person asks: the group restarts once more, the incident closes.
+    sim.round(manual={0: "fix-1"})
+    sim.recover(0)
+    assert sim.records[0].restarts == 4
+    assert all(i.state == "Closed" for i in sim.incidents.values())
+    # ...and starts a fresh budget: the next failure restarts again, no quarantine.
+    sim.round({0: "down!"})
+    for _ in range(10):
+        sim.round(dt=10)  # past the 30 s backoff of the streak the manual restart began
+    assert sim.step() in RESTARTING_STEPS
+
+
+def test_budget_window_slides() -> None:
+    sim = Sim(cfg=settings(budget=1, window=600, base=0))
+    sim.round({0: "down!"})
+    sim.recover(0)
+    sim.now += 601  # the first restart left the window
+    sim.round({0: "down!"})
+    sim.recover(0)
+    assert sim.records[0].restarts == 2
+    sim.round({0: "down!"})
+    for _ in range(10):
+        sim.round()
+    assert sim.step() is Step.QUARANTINED
+
+
+def test_backoff_grows_caps_and_resets_after_a_healthy_window() -> None:
+    rs = settings(base=30, max_backoff=100, reset_after=1800).recovery
+    r = rec(Step.AWAITING_RESTART, last_restart_at=T0)
+    assert backoff_until(r, rs) is None
+    assert [
+        backoff_until(r.model_copy(update={"backoff_streak": n}), rs) for n in (1, 2, 3, 9)
+    ] == [
+        T0 + 30,
+        T0 + 60,
+        T0 + 100,
+        T0 + 100,
+    ]
+    healthy = rec(Step.HEALTHY, backoff_streak=3, healthy_since=T0 - 1799)
+    assert plan_group(healthy, GroupInput(pods()), settings(), now=T0).record.backoff_streak == 3
+    assert (
+        plan_group(healthy, GroupInput(pods()), settings(), now=T0 + 1).record.backoff_streak == 0
+    )
+
+
+def test_observe_only_records_verdicts_and_incidents_but_never_acts() -> None:
+    sim = Sim(cfg=settings(policy="ObserveOnly"), groups=2)
+    sim.round({0: "desync!"})
+    for _ in range(3):
+        sim.round({1: "hung"})
+    for _ in range(20):
+        sim.round({0: "desync!", 1: "hung"}, manual={0: "please"})
+    assert sim.step(0) is Step.OBSERVING and sim.step(1) is Step.OBSERVING
+    assert status_state(sim.records[0]) == "Desynced"
+    for kind in (SetGate, CaptureEvidence, DeletePods, CreateEpoch):
+        assert not sim.actions(kind), kind
+    assert {i.verdict for i in sim.incidents.values()} == {"Desynced", "Hung"}
+    assert all("ObserveOnly" in i.action for i in sim.incidents.values())
+    assert sim.reasons(0).count("RestartRefused") == 1
+    sim.round({0: "ok"})
+    sim.round()
+    assert sim.step(0) is Step.HEALTHY
+    closed = [i for i in sim.incidents.values() if i.group == 0]
+    assert closed[0].state == "Closed" and "no restart" in closed[0].action
+
+
+def test_manual_restart_once_per_request_id() -> None:
+    sim = Sim(groups=2)
+    sim.round(manual={0: "req-1"})
+    sim.recover(0)
+    assert sim.records[0].epoch == 1
+    for _ in range(10):
+        sim.round({0: "ok", 1: "ok"}, manual={0: "req-1"})
+    assert sim.records[0].epoch == 1 and sim.step(0) is Step.HEALTHY
+    sim.round(manual={0: "req-2"})
+    sim.recover(0)
+    assert sim.records[0].epoch == 2
+    assert sim.records[1].epoch == 0
+    manual = [i for i in sim.incidents.values() if i.verdict == "Manual"]
+    assert len(manual) == 2 and all(i.state == "Closed" for i in manual)
+
+
+def test_manual_restart_skips_backoff_but_not_the_concurrency_limit() -> None:
+    sim = Sim(groups=2)
+    sim.round({0: "desync!"})
+    for _ in range(8):
+        sim.round()
+    assert sim.step(0) is Step.WAITING_PROBE
+    sim.records[1] = sim.records[1].model_copy(
+        update={"backoff_streak": 5, "last_restart_at": sim.now}
+    )
+    sim.round(manual={1: "now"})
+    for _ in range(5):
+        sim.round()
+    assert sim.step(1) is Step.AWAITING_RESTART  # the slot is taken by group 0
+    sim.recover(0)
+    sim.round()
+    assert sim.step(1) is Step.DELETING  # no backoff wait
+
+
+def test_manual_request_during_a_restart_is_absorbed() -> None:
+    sim = Sim()
+    sim.round({0: "desync!"})
+    for _ in range(6):
+        sim.round()
+    sim.round(manual={0: "dup"})
+    sim.recover(0)
+    assert sim.records[0].epoch == 1
+    assert sim.records[0].handled_request == "dup"
+    sim.round({0: "ok"}, manual={0: "dup"})
+    assert sim.step() is Step.HEALTHY
+
+
+def test_a_new_epoch_that_never_passes_counts_as_another_failure() -> None:
+    sim = Sim(cfg=settings(base=0))
+    sim.round({0: "desync!"})
+    for _ in range(8):
+        sim.round({0: "timeout"})
+    assert sim.step() is Step.WAITING_PROBE
+    sim.now += GRACE
+    sim.round({0: "timeout"})
+    assert sim.step() is Step.DRAINING
+    assert sim.reasons().count("GroupRestartFailed") == 1
+    sim.recover(0)
+    assert sim.records[0].epoch == 2 and sim.records[0].restarts == 2
+    (incident,) = sim.incidents.values()
+    assert "2 attempt(s)" in incident.action
+
+
+def test_groups_without_a_record_start_from_their_pods_epoch() -> None:
+    cfg = settings()
+    view = pods(7, gate=None)
+    plan = plan_role(cfg, {}, {0: GroupInput(view, verdict("ok", 7, T0))}, now=T0)
+    assert plan.groups[0].record.epoch == 7
+    assert plan.groups[0].record.step is Step.READMITTING
+
+
+def test_status_state_for_every_step() -> None:
+    with_incident = {s: status_state(rec(s, incident=INCIDENT)) for s in Step}
+    assert with_incident[Step.SUSPECT] == "Desynced"
+    assert with_incident[Step.OBSERVING] == "Desynced"
+    assert with_incident[Step.QUARANTINED] == "Quarantined"
+    assert with_incident[Step.WAITING_GONE] == "Recovering"
+    assert status_state(rec(Step.SUSPECT)) == "Suspect"
+    assert status_state(rec(Step.STARTING)) == "Starting"
+    assert status_state(rec(Step.HEALTHY)) == "Healthy"
+
+
+def test_guards_default_to_a_lone_group() -> None:
+    r = rec(Step.AWAITING_RESTART, incident=INCIDENT)
+    alone = plan_group(r, GroupInput(pods(gate=False)), settings(), now=T0)
+    held = plan_group(
+        r,
+        GroupInput(pods(gate=False)),
+        settings(),
+        now=T0,
+        guards=RoleGuards(slot_granted=False, may_leave_service=True, restarting=1),
+    )
+    assert alone.record.step is Step.DELETING
+    assert held.record.step is Step.AWAITING_RESTART
+    assert [a.reason for a in held.actions if isinstance(a, EmitEvent)] == [Reason.DEFERRED]
