@@ -301,7 +301,7 @@ class _Round:
                 self.events(
                     "Warning" if action.warning else "Normal",
                     str(action.reason),
-                    f"{role}/{group}: {action.message}",
+                    action.message,
                 )
 
     def _set_gate(self, action: SetGate) -> None:

@@ -86,16 +86,20 @@ def _events(body: kopf.Body) -> Any:
     return emit
 
 
-@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL)
-@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL)
-@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec")
+# A failed round is retried soon (the next tick re-plans from the persisted records),
+# not after kopf's default minute: recovery is time-critical.
+@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL, backoff=2.0)
+@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL, backoff=2.0)
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec", backoff=2.0)
 def pddeployment_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A spec was created or changed (or the operator started): one round now."""
     rt: Runtime = memo["runtime"]
     run_round(rt, body, _events(body))
 
 
-@kopf.timer(c.GROUP, c.VERSION, c.PLURAL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS)
+@kopf.timer(
+    c.GROUP, c.VERSION, c.PLURAL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS, backoff=2.0
+)
 def pddeployment_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The control loop's heartbeat: probe results and pod changes are acted on here."""
     rt: Runtime = memo["runtime"]

@@ -97,10 +97,22 @@ class Kube:
         return True
 
     def patch(self, obj: Obj) -> None:
-        """Merge-patch an existing object with the given fields."""
+        """Patch an existing object to the given fields.
+
+        A Service's ports and selector are replaced whole (a JSON patch): a strategic
+        merge would merge ports by number and keep the old epoch's rendezvous port.
+        """
         kind = obj["kind"]
         ns = obj["metadata"].get("namespace", "default")
         name = obj["metadata"]["name"]
+        if kind == "Service":
+            ops = [
+                {"op": "replace", "path": "/spec/selector", "value": obj["spec"]["selector"]},
+                {"op": "replace", "path": "/spec/ports", "value": obj["spec"]["ports"]},
+                {"op": "replace", "path": "/metadata/labels", "value": obj["metadata"]["labels"]},
+            ]
+            self.core.patch_namespaced_service(name, ns, ops)
+            return
         patchers: dict[str, Any] = {
             "Service": self.core.patch_namespaced_service,
             "ServiceAccount": self.core.patch_namespaced_service_account,
