@@ -97,8 +97,6 @@ class Step(StrEnum):
 RESTARTING_STEPS = frozenset(
     {Step.DELETING, Step.WAITING_GONE, Step.CREATING, Step.WAITING_PROBE, Step.READMITTING}
 )
-# Steps in which the group's pods are admitted to the router (gate true).
-IN_SERVICE_STEPS = frozenset({Step.HEALTHY, Step.SUSPECT, Step.OBSERVING})
 # Steps of a group known to be broken and not on its way back yet.
 BROKEN_STEPS = frozenset(
     {
@@ -203,6 +201,9 @@ class GroupRecord(_Frozen):
     handled_request: str | None = None
     manual: bool = False
     deferred: str | None = None
+    # Restart count of each pod (by UID) when its epoch started or was adopted: pass it
+    # to `GroupObservation.restart_baseline`, so only a restart after that is a RankDown.
+    restart_baseline: dict[str, int] = Field(default_factory=dict)
 
     def to_json(self) -> str:
         """The compact JSON stored in the group's annotation."""
@@ -215,8 +216,21 @@ class GroupRecord(_Frozen):
 
 
 def new_group_record(role: Role, index: int, *, now: float, epoch: int = 0) -> GroupRecord:
-    """The record of a group whose pods of `epoch` were just created (or first seen)."""
+    """The record of a group whose pods of `epoch` were just created."""
     return GroupRecord(role=role, index=index, epoch=epoch, step_since=now, epoch_started_at=now)
+
+
+def adopt_group(role: Role, index: int, pods: Sequence[PodView], *, now: float) -> GroupRecord:
+    """The record of a group found running without one (a fresh operator install or a
+    lost annotation): the newest epoch among its pods, in `Starting` (so the next passing
+    probe admits it), with today's restart counts as the baseline — restarts that
+    happened before lockstep looked are not a reason to restart the group now.
+
+    Create records with this before classifying the group's first observation.
+    """
+    epoch = max((p.epoch for p in pods if p.epoch is not None), default=0)
+    record = new_group_record(role, index, now=now, epoch=epoch)
+    return record.model_copy(update={"restart_baseline": _baseline(pods, epoch)})
 
 
 def reconciler_may_create_pods(record: GroupRecord) -> bool:
@@ -413,16 +427,12 @@ def plan_role(
 ) -> RolePlan:
     """Plan one round for every group of a role, applying the role's guard rails.
 
-    A group in `inputs` without a record gets a fresh `Starting` record for the newest
-    epoch among its pods (an operator upgrade that finds running groups).
+    A group in `inputs` without a record is adopted (`adopt_group`).
     """
     recs = dict(records)
     for index, inp in inputs.items():
         if index not in recs:
-            epochs = [p.epoch for p in inp.pods if p.epoch is not None]
-            recs[index] = new_group_record(
-                settings.role, index, now=now, epoch=max(epochs, default=0)
-            )
+            recs[index] = adopt_group(settings.role, index, inp.pods, now=now)
     restarting = sum(r.step in RESTARTING_STEPS for r in recs.values())
     waiting = sorted(
         (
@@ -585,17 +595,18 @@ class _Planner:
         if self.s.recovery.policy == "ObserveOnly":
             self.event(Reason.RESTART_REFUSED, f"request {req} refused: policy is ObserveOnly")
             return False
-        if self.rec.step in RESTARTING_STEPS or self.rec.step in (
-            Step.DRAINING,
-            Step.CAPTURING_EVIDENCE,
-            Step.AWAITING_RESTART,
-        ):
-            if self.rec.step is Step.AWAITING_RESTART:
-                self.update(manual=True)
+        if self.rec.step in RESTARTING_STEPS:
             self.event(
                 Reason.RESTART_REQUESTED, f"request {req}: already restarting ({self.rec.step})"
             )
             return False
+        if self.rec.step in (Step.DRAINING, Step.CAPTURING_EVIDENCE, Step.AWAITING_RESTART):
+            # Already on the way to a restart: the request lifts backoff and budget for it.
+            # The role's slots were granted on the record without it: go on next round.
+            self.update(manual=True)
+            self.event(Reason.RESTART_REQUESTED, f"request {req}: restart already under way")
+            self.requeue = 0.0
+            return True
         if self.rec.step is Step.QUARANTINED:
             # Quarantine lasts until a person asks; asking starts a fresh budget.
             self.update(restart_times=(), backoff_streak=0)
@@ -603,8 +614,9 @@ class _Planner:
             self._open_incident(
                 MANUAL_VERDICT, f"manual restart request {req}", "", first_failure=self.now
             )
+        self._set_action(f"drain and restart the whole group ({self.rec.mode}) on request {req}")
         self.event(Reason.RESTART_REQUESTED, f"restart requested ({req})")
-        self.goto(Step.DRAINING, manual=True)
+        self.goto(Step.DRAINING, manual=True, failures=0, first_failure_at=None)
         return True
 
     # -- incidents
@@ -902,7 +914,12 @@ class _Planner:
                 Reason.RESTARTED,
                 f"restarted as epoch {self.rec.epoch} ({self.rec.mode}, attempt {attempts})",
             )
-            self.goto(Step.WAITING_PROBE, epoch_started_at=self.now, failures=0)
+            self.goto(
+                Step.WAITING_PROBE,
+                epoch_started_at=self.now,
+                failures=0,
+                restart_baseline=_baseline(have, self.rec.epoch),
+            )
             self.requeue = None
             return
         self.actions.append(CreateEpoch(self.rec.epoch))
@@ -939,6 +956,10 @@ class _Planner:
 def rfc3339(t: float) -> str:
     """A unix time as RFC 3339 UTC, the form Kubernetes status uses."""
     return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _baseline(pods: Sequence[PodView], epoch: int) -> dict[str, int]:
+    return {p.uid: p.restart_count for p in pods if p.epoch == epoch}
 
 
 def _refs(pods: Sequence[PodView]) -> tuple[PodRef, ...]:

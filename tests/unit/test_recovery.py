@@ -35,6 +35,7 @@ from lockstep.recovery import (
     SetGate,
     Step,
     UpdateIncident,
+    adopt_group,
     backoff_until,
     new_group_record,
     plan_group,
@@ -427,9 +428,13 @@ TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
     ("quarantined stays", rec(Step.QUARANTINED, incident=INCIDENT),
      GroupInput(pods(gate=False), V("ok")), Step.QUARANTINED, []),
     ("quarantined: manual request", rec(Step.QUARANTINED, incident=INCIDENT),
-     GroupInput(pods(gate=False), manual_request="req-1"), Step.DRAINING, ["EmitEvent"]),
+     GroupInput(pods(gate=False), manual_request="req-1"), Step.DRAINING,
+     ["UpdateIncident", "EmitEvent"]),
     ("healthy: manual request", rec(Step.HEALTHY), GroupInput(pods(), manual_request="req-1"),
-     Step.DRAINING, ["OpenIncident", "EmitEvent"]),
+     Step.DRAINING, ["OpenIncident", "UpdateIncident", "EmitEvent"]),
+    ("awaiting restart: manual request lifts backoff",
+     rec(Step.AWAITING_RESTART, incident=INCIDENT, backoff_streak=4, last_restart_at=T0),
+     GroupInput(pods(gate=False), manual_request="req-1"), Step.AWAITING_RESTART, ["EmitEvent"]),
 ]  # fmt: skip
 
 
@@ -885,6 +890,25 @@ def test_a_new_epoch_that_never_passes_counts_as_another_failure() -> None:
     assert sim.records[0].epoch == 2 and sim.records[0].restarts == 2
     (incident,) = sim.incidents.values()
     assert "2 attempt(s)" in incident.action
+
+
+def test_an_adopted_group_keeps_old_restarts_as_its_baseline() -> None:
+    """A fresh operator finds a group whose pod restarted long ago: not a RankDown."""
+    view = tuple(replace(p, restart_count=3 * p.rank) for p in pods(7) if p.rank is not None)
+    record = adopt_group("decode", 0, view, now=T0)
+    assert (record.step, record.epoch) == (Step.STARTING, 7)
+    assert record.restart_baseline == {"e7-0": 0, "e7-1": 3}
+    obs = GroupObservation(7, 2, ProbeOutcome("ok"), view, restart_baseline=record.restart_baseline)
+    assert classify_group(obs, now=T0).verdict is Verdict.HEALTHY
+    moved = replace(obs, pods=(view[0], replace(view[1], restart_count=4)))
+    assert classify_group(moved, now=T0).verdict is Verdict.RANK_DOWN
+    assert GroupRecord.from_json(record.to_json()) == record
+
+
+def test_a_new_epoch_records_its_restart_baseline() -> None:
+    new = tuple(replace(p, restart_count=1) for p in pods(5, gate=None))
+    plan = plan_group(rec(Step.CREATING, epoch=5), GroupInput(new), settings(), now=T0)
+    assert plan.record.restart_baseline == {"e5-0": 1, "e5-1": 1}
 
 
 def test_groups_without_a_record_start_from_their_pods_epoch() -> None:
