@@ -175,7 +175,7 @@ CASES: list[tuple[str, GroupObservation, tuple[RankState, ...], Verdict, bool, S
     ),
     (
         "a rank restarted its process: new pid is not progress",
-        observe(ranks=all_ranks(iteration=5, pid=7)),
+        observe(ranks=all_ranks(iteration=140, pid=7)),
         PREV,
         Verdict.HUNG,
         False,
@@ -389,6 +389,11 @@ def test_rank_state_idle_and_outside_collectives() -> None:
     obj.pop("alive")
     got = rank_state_from_agent_json(obj, pod="p")
     assert (got.last_decision, got.collective, got.alive) == (None, None, True)
+
+
+def test_rank_state_of_an_exited_rank() -> None:
+    got = rank_state_from_agent_json({**AGENT_JSON, "alive": False}, pod="p")
+    assert got.alive is False
 
 
 def test_consensus_failure_object_is_summarised() -> None:
