@@ -12,7 +12,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import pytest
-from lockstep.models import BackoffSpec, BudgetSpec, HealthSpec, Incident, RecoverySpec
+from factories import pdd_obj, with_path
+from lockstep.models import (
+    BackoffSpec,
+    BudgetSpec,
+    HealthSpec,
+    Incident,
+    RecoverySpec,
+    parse_pddeployment,
+)
 from lockstep.recovery import (
     DELETE_GRACE_SECONDS,
     FORCE_DELETE_AFTER_SECONDS,
@@ -518,11 +526,11 @@ def test_incident_evidence_is_bounded_by_max_evidence_bytes() -> None:
 # ------------------------------------------------------------ operator restart anywhere
 
 
-@pytest.mark.parametrize("lose", ["io", "record"])
+@pytest.mark.parametrize("lose", ["io", "record", "half"])
 def test_operator_restart_at_every_step_never_doubles_a_delete_or_a_create(lose: str) -> None:
-    """Every round, the operator dies once: either before the I/O (it re-plans the same
-    round) or after the I/O but before persisting the record (it re-plans from the old
-    record against the changed world)."""
+    """Every round, the operator dies once: before the I/O (it re-plans the same round),
+    after the I/O but before persisting the record, or after only the first action of
+    the round (both: it re-plans from the old record against the changed world)."""
     sim = Sim(settle_deletes=False)
     old_uids = {p.uid for p in sim.view(0)}
     kinds = ["desync!"] + ["ok"] * 40
@@ -535,7 +543,8 @@ def test_operator_restart_at_every_step_never_doubles_a_delete_or_a_create(lose:
             # Crash before any I/O: the same round planned again gives the same plan.
             assert plan_role(sim.cfg, sim.records, inputs, now=sim.now) == plan
         else:
-            sim.apply(0, plan.groups[0].actions)
+            done = plan.groups[0].actions
+            sim.apply(0, done if lose == "record" else done[:1])
             # Crash before the record was persisted: plan again from the old record.
             plan = plan_role(sim.cfg, {0: before}, sim.inputs({0: kind}), now=sim.now)
         sim.apply(0, plan.groups[0].actions)
@@ -943,3 +952,12 @@ def test_guards_default_to_a_lone_group() -> None:
     assert alone.record.step is Step.DELETING
     assert held.record.step is Step.AWAITING_RESTART
     assert [a.reason for a in held.actions if isinstance(a, EmitEvent)] == [Reason.DEFERRED]
+
+
+def test_role_settings_come_from_the_spec() -> None:
+    obj = with_path(pdd_obj(), "spec.recovery", {"maxConcurrentGroupRestarts": 2})
+    obj = with_path(obj, "spec.decode", {"tp": 4, "gpusPerPod": 2, "podsPerGroup": 2})
+    got = RoleSettings.from_spec(parse_pddeployment(obj).spec, "decode")
+    assert (got.role, got.pods_per_group) == ("decode", 2)
+    assert got.recovery.max_concurrent_group_restarts == 2
+    assert got.health.failure_threshold == 3
