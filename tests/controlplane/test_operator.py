@@ -1,0 +1,265 @@
+"""The operator (a real `lockstep operator` process) against the real local API server.
+
+Pods are played by `FakeKubelet` + `FakePod` (probe route and pod agent on loopback
+addresses), so these tests see exactly what an on-call engineer would: objects, status,
+conditions, Events, incidents.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from harness import REPO, FakeKubelet, OperatorProcess, wait_for
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from lockstep.localcluster.controlplane import LocalControlPlane
+
+GROUP, VERSION, PLURAL = "lockstep.dev", "v1alpha1", "pddeployments"
+NAME = "qwen-small"
+
+
+def install_crd(plane: LocalControlPlane) -> None:
+    api = plane.api_client()
+    crd = yaml.safe_load((REPO / "crds/pddeployments.lockstep.dev.yaml").read_text())
+    k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    custom = k8s.CustomObjectsApi(api)
+
+    def served() -> bool:
+        try:
+            custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        except ApiException:
+            return False
+        return True
+
+    wait_for(served, 60, "the PDDeployment CRD served")
+
+
+@pytest.fixture(scope="module")
+def cp() -> Iterator[LocalControlPlane]:
+    with LocalControlPlane() as plane:
+        install_crd(plane)
+        yield plane
+
+
+@dataclass
+class Env:
+    ns: str
+    api: k8s.ApiClient
+    core: k8s.CoreV1Api
+    custom: k8s.CustomObjectsApi
+    kubelet: FakeKubelet
+    operator: OperatorProcess
+
+    def pdd(self) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, NAME
+        )
+        return obj
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.pdd().get("status") or {})
+
+    def group(self, role: str, index: int) -> dict[str, Any]:
+        groups = (self.status().get(role) or {}).get("groups") or []
+        return next((g for g in groups if g["index"] == index), {})
+
+    def pods(self, selector: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=selector).items)
+
+    def events(self) -> list[tuple[str, str]]:
+        return [(e.reason, e.message) for e in self.core.list_namespaced_event(self.ns).items]
+
+
+@pytest.fixture
+def env(cp: LocalControlPlane, tmp_path: Path) -> Iterator[Env]:
+    ns = cp.new_namespace()
+    api = cp.api_client()
+    kubelet = FakeKubelet(api, ns).start()
+    operator = OperatorProcess(cp.kubeconfig, ns, tmp_path / "operator.log").start()
+    e = Env(ns, api, k8s.CoreV1Api(api), k8s.CustomObjectsApi(api), kubelet, operator)
+    try:
+        yield e
+    finally:
+        operator.stop()
+        kubelet.stop()
+        print(operator.log_tail())
+
+
+def apply_small(e: Env, **spec: Any) -> None:
+    """pd-small with a decode group spanning two pods, fast probes and no backoff."""
+    obj = yaml.safe_load((REPO / "examples/pd-small.yaml").read_text())
+    obj["metadata"]["namespace"] = e.ns
+    obj["spec"]["decode"].update({"podsPerGroup": 2, "gpusPerPod": 1})
+    obj["spec"]["health"] = {
+        "periodSeconds": 1,
+        "timeoutSeconds": 1,
+        "failureThreshold": 2,
+        "startupGraceSeconds": 60,
+    }
+    obj["spec"]["recovery"] = {"backoff": {"baseSeconds": 0, "maxSeconds": 0}}
+    obj["spec"].update(spec)
+    e.custom.create_namespaced_custom_object(GROUP, VERSION, e.ns, PLURAL, obj)
+
+
+def healthy(e: Env) -> bool:
+    st = e.status()
+    return st.get("prefillReady") == "1/1" and st.get("decodeReady") == "1/1"
+
+
+DECODE = "lockstep.dev/role=decode"
+
+
+@pytest.mark.timeout(180)
+def test_apply_creates_groups_router_and_reports_ready(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    pods = {p.metadata.name: p for p in env.pods("lockstep.dev/deployment=qwen-small")}
+    assert {"qwen-small-prefill-0-0", "qwen-small-decode-0-0", "qwen-small-decode-0-1"} <= set(pods)
+    args = pods["qwen-small-decode-0-1"].spec.containers[0].args
+    assert args[args.index("--node-rank") + 1] == "1"
+    assert args[args.index("--nnodes") + 1] == "2"
+    assert args[args.index("--dist-init-addr") + 1].startswith(
+        f"qwen-small-decode-0-0.qwen-small-decode-0.{env.ns}.svc:"
+    )
+    # The readiness gate admits every pod of a healthy group.
+    for pod in pods.values():
+        if pod.metadata.labels.get("lockstep.dev/rank") is None:
+            continue
+        gate = [c for c in pod.status.conditions if c.type == "lockstep.dev/group-healthy"]
+        assert gate and gate[0].status == "True", pod.metadata.name
+    svc = env.core.read_namespaced_service("qwen-small-decode-0", env.ns)
+    assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses is True
+    apps = k8s.AppsV1Api(env.api)
+    assert apps.read_namespaced_deployment("qwen-small-router", env.ns).spec.replicas == 1
+    st = env.status()
+    conditions = {c["type"]: c["status"] for c in st["conditions"]}
+    assert conditions["Ready"] == "True" and conditions["Degraded"] == "False"
+    assert "--tp-size" in st["decode"]["effectiveArgs"]
+    assert st["observedGeneration"] == env.pdd()["metadata"]["generation"]
+
+
+@pytest.mark.timeout(180)
+def test_desync_restarts_the_whole_group_in_a_new_epoch(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    before = {p.metadata.name: p.metadata.uid for p in env.pods(DECODE)}
+    prefill_uid = env.pods("lockstep.dev/role=prefill")[0].metadata.uid
+    for fake in env.kubelet.fakes(DECODE):
+        fake.set_mode("desync")
+    # Drained: the gate goes false on every pod of the group before any delete.
+    wait_for(lambda: any(r == "GroupDrained" for r, _ in env.events()), 30, "the group drained")
+    wait_for(lambda: env.group("decode", 0).get("epoch") == 1, 60, "decode epoch 1")
+    wait_for(lambda: env.group("decode", 0).get("state") == "Healthy", 60, "decode re-admitted")
+    after = {p.metadata.name: p.metadata.uid for p in env.pods(DECODE)}
+    assert set(after) == set(before)  # same names...
+    assert not set(after.values()) & set(before.values())  # ...every pod recreated
+    assert all(p.metadata.labels["lockstep.dev/epoch"] == "1" for p in env.pods(DECODE))
+    # The other role was never touched.
+    assert env.pods("lockstep.dev/role=prefill")[0].metadata.uid == prefill_uid
+    st = env.status()
+    (incident,) = st["incidents"]
+    assert incident["verdict"] == "Desynced" and incident["state"] == "Closed"
+    assert incident["timeToDetectSeconds"] >= 0 and incident["timeToRecoverSeconds"] > 0
+    assert "consensus failure" in incident["evidence"]
+    assert "captured before restart" in incident["evidence"]  # rank states and stacks
+    assert st["openIncidents"] == 0 and st["decode"]["groups"][0]["restarts"] == 1
+    reasons = {r for r, _ in env.events()}
+    assert {"GroupDesynced", "GroupDrained", "GroupRestarted", "GroupReadmitted"} <= reasons
+
+
+@pytest.mark.timeout(180)
+def test_hang_needs_the_failure_threshold_then_restarts(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    for fake in env.kubelet.fakes(DECODE):
+        fake.set_mode("hang")
+    wait_for(lambda: env.group("decode", 0).get("epoch") == 1, 60, "decode epoch 1")
+    wait_for(lambda: env.group("decode", 0).get("state") == "Healthy", 60, "decode re-admitted")
+    (incident,) = env.status()["incidents"]
+    assert incident["verdict"] == "Hung"
+    # Two consecutive failed probes (failureThreshold) at a 1 s period: at least ~1 s.
+    assert incident["timeToDetectSeconds"] >= 0.5
+    assert any(r == "GroupSuspect" for r, _ in env.events())
+
+
+@pytest.mark.timeout(120)
+def test_slow_but_progressing_group_is_never_restarted(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    uids = {p.metadata.uid for p in env.pods(DECODE)}
+    for fake in env.kubelet.fakes(DECODE):
+        fake.set_mode("slow")
+    # Probes time out (the fake's collective takes 3 s) but every rank makes progress.
+    wait_for(
+        lambda: (env.group("decode", 0).get("lastProbe") or {}).get("ok") is False,
+        30,
+        "failed probes",
+    )
+    import time
+
+    time.sleep(8)  # several probe periods and failure thresholds
+    assert {p.metadata.uid for p in env.pods(DECODE)} == uids
+    assert env.status().get("incidents", []) == []
+    assert env.group("decode", 0)["epoch"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_operator_killed_mid_recovery_finishes_without_doubling(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    for fake in env.kubelet.fakes(DECODE):
+        fake.set_mode("desync")
+
+    def records() -> dict[str, Any]:
+        raw = (env.pdd()["metadata"].get("annotations") or {}).get("lockstep.dev/groups", "{}")
+        return dict(json.loads(raw))
+
+    wait_for(
+        lambda: (
+            records().get("decode/0", {}).get("step")
+            in ("CapturingEvidence", "AwaitingRestart", "Deleting", "WaitingGone", "Creating")
+        ),
+        30,
+        "recovery under way",
+        poll=0.05,
+    )
+    env.operator.kill()
+    env.operator.start()
+    wait_for(
+        lambda: (
+            env.group("decode", 0).get("state") == "Healthy"
+            and env.group("decode", 0).get("epoch", 0) >= 1
+        ),
+        90,
+        "recovery finished",
+    )
+    group = env.group("decode", 0)
+    assert group["epoch"] == 1 and group["restarts"] == 1  # one restart, not two
+    incidents = env.status()["incidents"]
+    assert len(incidents) == 1 and incidents[0]["state"] == "Closed"
+
+
+@pytest.mark.timeout(120)
+def test_deleting_the_pddeployment_garbage_collects_everything(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    env.custom.delete_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, NAME)
+    wait_for(
+        lambda: not env.pods("lockstep.dev/deployment=qwen-small"), 60, "pods garbage collected"
+    )
+    wait_for(
+        lambda: (
+            not env.core.list_namespaced_service(
+                env.ns, label_selector="lockstep.dev/deployment=qwen-small"
+            ).items
+        ),
+        60,
+        "services garbage collected",
+    )
