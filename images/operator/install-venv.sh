@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Install the lockstep operator into a new virtual environment at DIR, the way the
+# operator image does (images/operator/Dockerfile runs this very script), then check the
+# result: the `lockstep` entry point runs, the operator's libraries import, the
+# dependency set is consistent, and neither torch nor sglang came along (those belong to
+# the SGLang runtime image, never to the operator).
+#
+#   images/operator/install-venv.sh DIR        PYTHON=python3.11 to choose the interpreter
+#
+# The package is built from a staged copy of exactly the files the Dockerfile copies, so
+# this check sees what the image sees and leaves no build output in the repository.
+set -euo pipefail
+
+if [[ $# -ne 1 ]]; then
+  echo "usage: $0 DIR" >&2
+  exit 2
+fi
+dir=$1
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+python=${PYTHON:-python3}
+
+# The files the operator's distribution is built from (the Dockerfile COPYs the same).
+sources=(pyproject.toml README.md operator images/sglang/lockstep_sglang)
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+for src in "${sources[@]}"; do
+  mkdir -p "$stage/$(dirname "$src")"
+  cp -R "$repo/$src" "$stage/$src"
+done
+find "$stage" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+
+"$python" -m venv "$dir"
+pip=("$dir/bin/python" -m pip --disable-pip-version-check)
+# The operator only: no `sglang` extra, no dev tools.
+"${pip[@]}" install --quiet "$stage"
+
+"${pip[@]}" check
+"$dir/bin/lockstep" --help >/dev/null
+"$dir/bin/python" - <<'PY'
+import importlib.util
+import sys
+
+for module in ("kopf", "kubernetes", "httpx", "pydantic", "prometheus_client", "lockstep"):
+    if importlib.util.find_spec(module) is None:
+        sys.exit(f"install-venv: the operator needs {module!r}, which is not installed")
+present = [m for m in ("torch", "sglang") if importlib.util.find_spec(m) is not None]
+if present:
+    sys.exit(f"install-venv: {present} installed in the operator environment; they belong "
+             "to the SGLang runtime image (the pyproject `sglang` extra) only")
+PY
+echo "install-venv: lockstep operator installed in $dir"
