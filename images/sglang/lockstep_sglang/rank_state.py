@@ -47,6 +47,11 @@ JSON schema (``SCHEMA`` = ``"lockstep.dev/rank-state/v1"``), one object per rank
       }
     }
 
+In ``consensus_failure``, ``index`` counts within the events compared in the failing
+check (the checker compares in batches); ``last_decision.seq`` places it in the run.
+Event texts are those of :mod:`lockstep_sglang.consensus` (``lockstep decision batch
+mode=DECODE size=8 rids=…``, ``lockstep decode.transfer poll n=3``, ...).
+
 ``op`` values ``run_batch`` and ``process_batch_result`` on group ``<tp>:device`` mark
 the host waiting on device work that contains the model's collectives (NCCL kernels are
 asynchronous, so the host blocks in these calls, not in the collective's launch).

@@ -1,0 +1,314 @@
+"""lockstep_sglang against the real SGLang 0.5.23 source."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+from lockstep_sglang import pins
+from lockstep_sglang.config import RuntimeConfig
+from lockstep_sglang.consensus import DIVERGENCE_EXIT_CODE
+from lockstep_sglang.rank_state import read_rank_states
+
+
+def _config(tmp: Path) -> RuntimeConfig:
+    return RuntimeConfig.from_env(
+        {"LOCKSTEP_STATE_DIR": str(tmp / "state"), "LOCKSTEP_GLOO_TIMEOUT_S": "30"}
+    )
+
+
+def test_installed_sglang_matches_every_pin_and_keeps_the_seed_fixes(
+    sglang_hooks: ModuleType,
+) -> None:
+    report = pins.check()
+    assert report.ok, report.message()
+    assert pins.missing_seed_fixes() == []
+    # And a different version is refused before any source is looked at.
+    other = pins.check(installed_version="0.5.24")
+    assert not other.ok
+    assert "written against SGLang 0.5.23, installed is SGLang 0.5.24" in other.message()
+
+
+def test_seed_fix_check_fails_when_a_fix_is_lost(sglang_hooks: ModuleType) -> None:
+    lost = pins.SeedFix(
+        "sglang.srt.managers.scheduler:Scheduler.handle_rpc_request",
+        "barrier(group=self.world_group.cpu_group)",
+        "a world barrier would be the regression",
+    )
+    assert pins.missing_seed_fixes([lost]) == [
+        "sglang.srt.managers.scheduler:Scheduler.handle_rpc_request: lost "
+        "'barrier(group=self.world_group.cpu_group)' (a world barrier would be the regression)"
+    ]
+
+
+def test_hooks_attach_to_the_real_functions(restore_hooks: ModuleType, tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from sglang.srt.disaggregation import decode, prefill
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_components.request_receiver import (
+        SchedulerRequestReceiver,
+    )
+    from sglang.srt.utils import rank_consensus_checker as rcc
+
+    hooks = restore_hooks
+    targets: dict[str, tuple[Any, str]] = {
+        "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run": (
+            Scheduler,
+            "get_next_batch_to_run",
+        ),
+        "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin."
+        "get_next_disagg_decode_batch_to_run": (Scheduler, "get_next_disagg_decode_batch_to_run"),
+        "sglang.srt.disaggregation.prefill:SchedulerDisaggregationPrefillMixin."
+        "get_next_disagg_prefill_batch_to_run": (
+            Scheduler,
+            "get_next_disagg_prefill_batch_to_run",
+        ),
+        "sglang.srt.disaggregation.prefill:SchedulerDisaggregationPrefillMixin."
+        "process_disagg_prefill_inflight_queue": (
+            Scheduler,
+            "process_disagg_prefill_inflight_queue",
+        ),
+        "sglang.srt.managers.scheduler:Scheduler.ingest_requests": (Scheduler, "ingest_requests"),
+        "sglang.srt.managers.scheduler:Scheduler.run_batch": (Scheduler, "run_batch"),
+        "sglang.srt.managers.scheduler:Scheduler.process_batch_result": (
+            Scheduler,
+            "process_batch_result",
+        ),
+        "sglang.srt.managers.scheduler:Scheduler.init_rank_consensus_checker": (
+            Scheduler,
+            "init_rank_consensus_checker",
+        ),
+        "sglang.srt.managers.scheduler:Scheduler.init_request_dispatcher": (
+            Scheduler,
+            "init_request_dispatcher",
+        ),
+        "sglang.srt.disaggregation.decode:DecodePreallocQueue._update_handshake_waiters": (
+            decode.DecodePreallocQueue,
+            "_update_handshake_waiters",
+        ),
+        "sglang.srt.disaggregation.decode:DecodePreallocQueue.pop_preallocated": (
+            decode.DecodePreallocQueue,
+            "pop_preallocated",
+        ),
+        "sglang.srt.disaggregation.decode:DecodeTransferQueue.pop_transferred": (
+            decode.DecodeTransferQueue,
+            "pop_transferred",
+        ),
+        "sglang.srt.disaggregation.prefill:PrefillBootstrapQueue.pop_bootstrapped": (
+            prefill.PrefillBootstrapQueue,
+            "pop_bootstrapped",
+        ),
+        "sglang.srt.managers.scheduler_components.request_receiver:"
+        "SchedulerRequestReceiver._pull_raw_reqs": (SchedulerRequestReceiver, "_pull_raw_reqs"),
+    }
+    originals = {target: pins.resolve(target) for target in targets}
+    hooks.install_scheduler_hooks(_config(tmp_path))
+    hooks.install_scheduler_hooks(_config(tmp_path))  # idempotent: no double wrapping
+    for target, (owner, name) in targets.items():
+        hooked = getattr(owner, name)
+        assert getattr(hooked, "__lockstep_hook__", False), f"{target} is not hooked"
+        # One layer of ours over SGLang's own function (decorators included).
+        assert getattr(hooked.__wrapped__, "__lockstep_hook__", False) is False
+        assert pins.resolve(target) is originals[target], f"{target} wraps something else"
+        assert target in pins.PINNED_SOURCES, f"{target} is hooked but not pinned"
+    assert rcc._check_for_consensus is hooks._check_for_consensus
+    assert getattr(dist.new_group, "__lockstep_gloo_limit__", None) == timedelta(seconds=30)
+
+
+def test_probe_types_cross_sglang_ipc(restore_hooks: ModuleType) -> None:
+    from sglang.srt.managers.io_struct import msgpack_decode, msgpack_encode
+
+    hooks = restore_hooks
+    hooks.register_ipc_types()
+    req = hooks.LockstepProbeReq(rid="p-1", deadline=123.5, sent_at=120.0)
+    out = hooks.LockstepProbeOutput(
+        rid="p-1", ok=True, groups_ms={"tp:cpu": 0.2, "tp:device": 0.4}, iteration=7
+    )
+    assert msgpack_decode(msgpack_encode(req)) == req
+    assert msgpack_decode(msgpack_encode(out)) == out
+
+
+def test_rank_zero_drops_expired_probes_before_the_broadcast(restore_hooks: ModuleType) -> None:
+    hooks = restore_hooks
+    now = time.time()
+    expired = hooks.LockstepProbeReq(rid="old", deadline=now - 1, sent_at=now - 6)
+    fresh = hooks.LockstepProbeReq(rid="new", deadline=now + 5, sent_at=now)
+    other = SimpleNamespace(rid="generate-1")
+    pulled = hooks._pull_hook(lambda self: [expired, other, fresh])
+    assert pulled(None) == [other, fresh]
+    assert hooks._pull_hook(lambda self: None)(None) is None  # non-pulling ranks
+
+
+def test_probe_route_runs_a_collective_through_the_real_dispatchers(
+    restore_hooks: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GET /lockstep/probe`` on SGLang's own app, the probe request through SGLang's
+    msgpack IPC and request dispatcher, the all-reduce on a real (one-rank) gloo group."""
+    import torch.distributed as dist
+    from fastapi.testclient import TestClient
+    from sglang.srt.entrypoints import engine, http_server
+    from sglang.srt.managers.io_struct import msgpack_decode, msgpack_encode
+    from sglang.srt.managers.tokenizer_manager import ServerStatus
+    from sglang.utils import TypeBasedDispatcher
+
+    hooks = restore_hooks
+    config = _config(tmp_path)
+    hooks.install_server_hooks(config)
+    hooks.install_scheduler_hooks(config)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        cpu = dist.new_group([0], backend="gloo", group_desc="tp:cpu")
+        device = dist.new_group([0], backend="gloo", group_desc="tp:device")
+        scheduler = SimpleNamespace(
+            tp_rank=0,
+            tp_group=SimpleNamespace(cpu_group=cpu, device_group=device),
+            _request_dispatcher=TypeBasedDispatcher([]),
+        )
+        # The scheduler side of the hooks: runtime, then the probe handler.
+        hooks.start_runtime(scheduler, config)
+        hooks._dispatcher_hook(lambda self: None)(scheduler)
+
+        answer_probes = True
+
+        class TokenizerManager:
+            server_status = ServerStatus.Up
+            _result_dispatcher = TypeBasedDispatcher([])
+
+            def _dispatch_to_scheduler(self, obj: Any) -> None:
+                # Over SGLang's IPC encoding, into the scheduler's dispatcher, back out.
+                if not answer_probes:
+                    return
+                received = msgpack_decode(msgpack_encode(obj))
+                output = scheduler._request_dispatcher(received)
+                self._result_dispatcher(msgpack_decode(msgpack_encode(output)))
+
+        monkeypatch.setattr(
+            engine, "init_tokenizer_manager", lambda *a, **k: (TokenizerManager(), None)
+        )
+        server_args = SimpleNamespace(dp_size=1, enable_dp_attention=False)
+        tokenizer_manager, _ = hooks.init_tokenizer_manager(server_args, None)
+        http_server.set_global_state(
+            http_server._GlobalState(
+                tokenizer_manager=tokenizer_manager, template_manager=None, scheduler_info={}
+            )
+        )
+        client = TestClient(http_server.app)
+        ok = client.get("/lockstep/probe?timeout=5")
+        assert ok.status_code == 200, ok.text
+        body = ok.json()
+        assert body["status"] == "ok"
+        assert set(body["replies"][0]["groups_ms"]) == {"tp:cpu", "tp:device"}
+
+        answer_probes = False  # the scheduler is wedged: nothing comes back
+        late = client.get("/lockstep/probe?timeout=0.3")
+        assert late.status_code == 504
+        assert late.json()["status"] == "timeout"
+        assert hooks.probe_gate() is not None and not hooks.probe_gate().in_flight
+    finally:
+        http_server.set_global_state(None)
+        dist.destroy_process_group()
+
+
+def _harness_failure(workdir: Path, world: int) -> str:
+    return "\n".join((workdir / f"rank-{r}.err").read_text()[-1500:] for r in range(world))
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    return [int(p.returncode) for p in procs]
+
+
+def test_real_decode_loop_runs_clean_with_the_hooks(
+    run_ranks: Callable[..., list[subprocess.Popen[bytes]]], short_tmp: Path
+) -> None:
+    procs = run_ranks(2, short_tmp, "--iterations", "300")
+    assert _wait(procs, 100) == [0, 0], _harness_failure(short_tmp, 2)
+    states = {s["rank"]: s for s in read_rank_states(short_tmp / "state")}
+    for rank in (0, 1):
+        # Every iteration and decision went through the hooks; none diverged.
+        assert states[rank]["iteration"] == 300
+        decision = states[rank]["last_decision"]
+        assert decision is not None and decision["seq"] == 300
+        assert states[rank]["consensus_failure"] is None
+
+
+def test_real_decode_loop_divergence_is_caught_by_sglangs_consensus_checker(
+    run_ranks: Callable[..., list[subprocess.Popen[bytes]]], short_tmp: Path
+) -> None:
+    procs = run_ranks(2, short_tmp, "--diverge-at", "60")
+    assert _wait(procs, 100) == [DIVERGENCE_EXIT_CODE] * 2, _harness_failure(short_tmp, 2)
+    diverged_at = float((short_tmp / "diverged").read_text())
+    states = {s["rank"]: s for s in read_rank_states(short_tmp / "state")}
+    for rank in (0, 1):
+        failure = states[rank]["consensus_failure"]
+        assert failure is not None
+        assert failure["detected_at"] - diverged_at < 5.0
+        first = failure["first_divergence"]
+        assert first is not None
+        assert first["events"]["0"] is not None
+        assert first["events"]["0"].startswith("lockstep decision batch mode=DECODE")
+        assert first["events"]["1"] == (
+            "lockstep decision idle mode=None size=0 rids=e4a6a0577479b2b4"
+        )
+        err = (short_tmp / f"rank-{rank}.err").read_text()
+        assert "TP ranks diverged" in err
+        # SGLang's own checker was on (its startup warning), so this is its worker.
+        assert "Rank consensus checker is enabled" in err
+
+
+def _tampered_sglang(dest: Path) -> Path:
+    """A copy of the installed SGLang (symlinks) whose decode loop has one line changed."""
+    import sglang
+
+    real = Path(sglang.__file__).parent
+    farm = dest / "sglang"
+    path_to_file = ["srt", "disaggregation", "decode.py"]
+    src, dst = real, farm
+    for part in path_to_file:
+        dst.mkdir(parents=True, exist_ok=True)
+        for entry in src.iterdir():
+            if entry.name != part and entry.name != "__pycache__":
+                (dst / entry.name).symlink_to(entry)
+        src, dst = src / part, dst / part
+    text = src.read_text()
+    marker = "    def event_loop_overlap_disagg_decode(self: Scheduler):\n"
+    assert marker in text
+    dst.write_text(text.replace(marker, marker + "        self._tampered = True\n", 1))
+    return dest
+
+
+def test_launcher_refuses_a_tampered_sglang_source(
+    sglang_hooks: ModuleType, tmp_path: Path
+) -> None:
+    root = _tampered_sglang(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, "-m", "lockstep_sglang.launcher", "--lockstep-check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=110,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "refuses to start" in done.stderr
+    assert (
+        "sglang.srt.disaggregation.decode:SchedulerDisaggregationDecodeMixin."
+        "event_loop_overlap_disagg_decode changed" in done.stderr
+    )
+    assert "SGLang 0.5.23" in done.stderr
+    # Only the tampered function is reported.
+    assert done.stderr.count(" changed: ") == 1, done.stderr
+    shutil.rmtree(root / "sglang", ignore_errors=True)
