@@ -53,11 +53,20 @@ class FakePod:
             rank = self.first_rank + i
             collective: dict[str, Any] | None = None
             failure: Any = None
-            decision = {"kind": "batch", "forward_mode": "decode", "batch_size": 4,
-                        "rids_hash": "ab12", "seq": self.iteration}
+            decision = {
+                "kind": "batch",
+                "forward_mode": "decode",
+                "batch_size": 4,
+                "rids_hash": "ab12",
+                "seq": self.iteration,
+            }
             if mode == "hang":
-                collective = {"op": "all_reduce", "group": "tp_device", "seq": 4242,
-                              "since": now - 30}
+                collective = {
+                    "op": "all_reduce",
+                    "group": "tp_device",
+                    "seq": 4242,
+                    "since": now - 30,
+                }
             elif mode == "desync":
                 # Rank 0 waits in a device all-reduce, its peers in the next broadcast.
                 collective = (
@@ -66,16 +75,31 @@ class FakePod:
                     else {"op": "broadcast", "group": "tp_cpu", "seq": 977, "since": now - 30}
                 )
                 decision = {**decision, "kind": "batch" if rank == 0 else "idle"}
-                failure = {"detected_at": now - 29, "rank": rank,
-                           "first_divergence": "decision seq 4001: batch vs idle"}
+                failure = {
+                    "detected_at": now - 29,
+                    "rank": rank,
+                    "first_divergence": "decision seq 4001: batch vs idle",
+                }
             elif mode == "slow":
-                collective = {"op": "all_reduce", "group": "tp_device",
-                              "seq": self.iteration, "since": now - 1}
-            out.append({
-                "rank": rank, "tp_rank": rank, "pid": 1000 + rank, "alive": True,
-                "iteration": self.iteration, "updated_at": now, "last_decision": decision,
-                "collective": collective, "consensus_failure": failure,
-            })
+                collective = {
+                    "op": "all_reduce",
+                    "group": "tp_device",
+                    "seq": self.iteration,
+                    "since": now - 1,
+                }
+            out.append(
+                {
+                    "rank": rank,
+                    "tp_rank": rank,
+                    "pid": 1000 + rank,
+                    "alive": True,
+                    "iteration": self.iteration,
+                    "updated_at": now,
+                    "last_decision": decision,
+                    "collective": collective,
+                    "consensus_failure": failure,
+                }
+            )
         return out
 
     # ---------------------------------------------------------------- HTTP
@@ -103,17 +127,31 @@ class FakePod:
                 elif port == HTTP_PORT and self.path == "/health":
                     self._send(200, {})
                 elif port == AGENT_PORT and self.path == "/ranks":
-                    self._send(200, {"schema": "lockstep.dev/rank-state/v1",
-                                     "ranks": pod.rank_states(), "previous": []})
+                    self._send(
+                        200,
+                        {
+                            "schema": "lockstep.dev/rank-state/v1",
+                            "ranks": pod.rank_states(),
+                            "previous": [],
+                        },
+                    )
                 else:
                     self._send(404, {"error": "no route"})
 
             def do_POST(self) -> None:
                 pod.requests.append(f"POST {port}{self.path}")
                 if port == AGENT_PORT and self.path == "/stacks":
-                    stacks = [{"rank": r["rank"], "pid": r["pid"], "ok": True, "duration_s": 0.1,
-                               "stack": "Thread 1 (active): all_reduce (distributed_c10d.py)",
-                               "error": None} for r in pod.rank_states()]
+                    stacks = [
+                        {
+                            "rank": r["rank"],
+                            "pid": r["pid"],
+                            "ok": True,
+                            "duration_s": 0.1,
+                            "stack": "Thread 1 (active): all_reduce (distributed_c10d.py)",
+                            "error": None,
+                        }
+                        for r in pod.rank_states()
+                    ]
                     self._send(200, {"now": time.time(), "stacks": stacks})
                 else:
                     self._send(404, {"error": "no route"})

@@ -61,9 +61,21 @@ class OperatorProcess:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), LOCKSTEP_TICK_SECONDS="0.5")
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lockstep.cli", "operator", "--namespace", self.namespace,
-             "--liveness-port", "0", "--metrics-port", "0"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "lockstep.cli",
+                "operator",
+                "--namespace",
+                self.namespace,
+                "--liveness-port",
+                "0",
+                "--metrics-port",
+                "0",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         return self
@@ -137,7 +149,9 @@ class FakeKubelet:
                     fake.stop()
                 try:
                     self.core.delete_namespaced_pod(
-                        meta.name, self.namespace, grace_period_seconds=0,
+                        meta.name,
+                        self.namespace,
+                        grace_period_seconds=0,
                         body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=meta.uid)),
                     )
                 except ApiException as err:
@@ -166,9 +180,15 @@ class FakeKubelet:
                 {"type": "Ready", "status": "True"},
             ],
             "containerStatuses": [
-                {"name": "sglang", "image": "sglang", "imageID": "", "ready": True,
-                 "restartCount": restarts, "started": True,
-                 "state": {"running": {"startedAt": started}}}
+                {
+                    "name": "sglang",
+                    "image": "sglang",
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": restarts,
+                    "started": True,
+                    "state": {"running": {"startedAt": started}},
+                }
             ],
         }
         self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})

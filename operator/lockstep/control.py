@@ -62,6 +62,7 @@ from lockstep.recovery import (
     SetGate,
     Step,
     UpdateIncident,
+    adopt_group,
     plan_role,
     reconciler_may_create_pods,
     status_state,
@@ -196,7 +197,8 @@ def observe_group(
             fresh.error,
         )
         agents = tuple(_agent_report(a.pod, a.body, a.error) for a in fresh.agents)
-        obs = GroupObservation(epoch, expected_pods, probe, views, agents)
+        baseline = record.restart_baseline if record is not None else {}
+        obs = GroupObservation(epoch, expected_pods, probe, views, agents, baseline)
         previous = rt.previous_ranks.get(key, ())
         verdict = classify_group(obs, previous, now=_to_wall(fresh, rt))
         ranks = tuple(r for a in agents if a.ranks for r in a.ranks)
@@ -207,7 +209,14 @@ def observe_group(
         return verdict
     # No new probe: the pods alone can still show a dead rank (deleted, evicted,
     # restarted), which must not wait for the next probe period.
-    obs = GroupObservation(epoch, expected_pods, ProbeOutcome("failed", None, "not probed"), views)
+    obs = GroupObservation(
+        epoch,
+        expected_pods,
+        ProbeOutcome("failed", None, "not probed"),
+        views,
+        (),
+        record.restart_baseline if record is not None else {},
+    )
     verdict = classify_group(obs, (), now=now)
     if verdict.verdict is Verdict.RANK_DOWN and verdict.immediate:
         return verdict
@@ -412,9 +421,10 @@ def _run_round(
     new_records: dict[str, GroupRecord] = {}
     all_actions: list[Action] = []
     requeue: float | None = None
-    stale = plan_reconcile(
-        pdd, policy, pods, services, {}, set()
-    ).stale_groups  # spec changes roll group by group (one manual restart at a time)
+    # Spec changes roll group by group (one restart request at a time), judged against
+    # each group's own epoch (the epoch is part of the pod template).
+    current_epochs: dict[GroupId, int] = {(str(r.role), r.index): r.epoch for r in records.values()}
+    stale = plan_reconcile(pdd, policy, pods, services, current_epochs, set()).stale_groups
     roles: tuple[Role, ...] = ("prefill", "decode")
     for role in roles:
         spec_role = pdd.spec.role(role)
@@ -422,6 +432,13 @@ def _run_round(
         role_records = {
             g: r for g in range(replicas) if (r := records.get(record_key(role, g))) is not None
         }
+        for g in range(replicas):
+            if g not in role_records and by_group.get((role, g)):
+                # Found running without a record (fresh install, lost annotation): adopt
+                # it with today's restart counts as the baseline.
+                role_records[g] = adopt_group(
+                    role, g, [pod_view_from_k8s(p) for p in by_group[(role, g)]], now=now
+                )
         rolling = _rolling_group(role, stale, role_records, by_group)
         inputs = {}
         for g in range(replicas):

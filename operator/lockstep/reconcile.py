@@ -93,13 +93,17 @@ def plan_reconcile(
                 else:
                     names = {p["metadata"]["name"] for p in have}
                     plan.create.extend(p for p in want if p["metadata"]["name"] not in names)
-            hashes = {p["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH] for p in want}
-            current_hashes = {
-                (p["metadata"].get("annotations") or {}).get(c.ANNOTATION_SPEC_HASH)
-                for p in have
-                if not old
+            # Stale: a pod of the current epoch whose template differs from the desired
+            # one of the same name (missing pods are the verdicts' business).
+            desired_hash = {
+                p["metadata"]["name"]: p["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
+                for p in want
             }
-            if have and not old and current_hashes != hashes:
+            if not old and any(
+                (p["metadata"].get("annotations") or {}).get(c.ANNOTATION_SPEC_HASH)
+                != desired_hash.get(p["metadata"]["name"])
+                for p in have
+            ):
                 plan.stale_groups.append(gid)
     # Groups beyond replicas (scale down, or paused): the whole group goes.
     for gid, have in sorted(observed.items()):

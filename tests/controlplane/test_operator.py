@@ -263,3 +263,110 @@ def test_deleting_the_pddeployment_garbage_collects_everything(env: Env) -> None
         60,
         "services garbage collected",
     )
+
+
+@pytest.mark.timeout(180)
+def test_deleted_pod_restarts_the_whole_group(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    before = {p.metadata.uid for p in env.pods(DECODE)}
+    env.core.delete_namespaced_pod("qwen-small-decode-0-1", env.ns)
+    wait_for(lambda: env.group("decode", 0).get("epoch") == 1, 60, "decode epoch 1")
+    wait_for(lambda: env.group("decode", 0).get("state") == "Healthy", 60, "decode re-admitted")
+    after = {p.metadata.uid for p in env.pods(DECODE)}
+    assert len(after) == 2 and not after & before  # rank 0 was restarted too
+    (incident,) = env.status()["incidents"]
+    assert incident["verdict"] == "RankDown"
+
+
+@pytest.mark.timeout(180)
+def test_container_restart_restarts_the_whole_group(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    pod = env.core.read_namespaced_pod("qwen-small-decode-0-0", env.ns)
+    env.kubelet.report_running(pod.metadata.name, pod.status.pod_ip, restarts=1)
+    wait_for(lambda: env.group("decode", 0).get("epoch") == 1, 60, "decode epoch 1")
+    (incident,) = env.status()["incidents"]
+    assert incident["verdict"] == "RankDown" and "restart" in incident["evidence"]
+
+
+@pytest.mark.timeout(120)
+def test_observe_only_records_the_incident_and_touches_nothing(env: Env) -> None:
+    apply_small(env, recovery={"policy": "ObserveOnly"})
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    uids = {p.metadata.uid for p in env.pods(DECODE)}
+    for fake in env.kubelet.fakes(DECODE):
+        fake.set_mode("desync")
+    wait_for(lambda: env.status().get("openIncidents") == 1, 30, "an open incident")
+    import time
+
+    time.sleep(4)
+    assert {p.metadata.uid for p in env.pods(DECODE)} == uids
+    (incident,) = env.status()["incidents"]
+    assert incident["verdict"] == "Desynced" and "ObserveOnly" in incident["action"]
+    conditions = {c["type"]: c["status"] for c in env.status()["conditions"]}
+    assert conditions["Degraded"] == "True"
+
+
+@pytest.mark.timeout(180)
+def test_manual_restart_request_restarts_one_group_once(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    env.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        env.ns,
+        PLURAL,
+        NAME,
+        {"metadata": {"annotations": {"lockstep.dev/restart": "decode/0@ticket-42"}}},
+    )
+    wait_for(lambda: env.group("decode", 0).get("epoch") == 1, 60, "decode epoch 1")
+    wait_for(lambda: env.group("decode", 0).get("state") == "Healthy", 60, "decode re-admitted")
+    import time
+
+    time.sleep(3)  # the same request id must not restart it again
+    assert env.group("decode", 0)["epoch"] == 1
+    assert env.group("prefill", 0)["epoch"] == 0
+    assert any(r == "GroupRestartRequested" for r, _ in env.events())
+
+
+@pytest.mark.timeout(240)
+def test_spec_change_rolls_groups_one_at_a_time_and_scaling_works(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    env.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, env.ns, PLURAL, NAME, {"spec": {"decode": {"replicas": 2}}}
+    )
+    wait_for(lambda: env.status().get("decodeReady") == "2/2", 60, "two decode groups")
+    env.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        env.ns,
+        PLURAL,
+        NAME,
+        {"spec": {"decode": {"args": ["--mem-fraction-static", "0.8"]}}},
+    )
+    seen_both_down = False
+
+    def rolled() -> bool:
+        nonlocal seen_both_down
+        groups = (env.status().get("decode") or {}).get("groups") or []
+        states = [g["state"] for g in groups]
+        if len(states) == 2 and all(s != "Healthy" for s in states):
+            seen_both_down = True
+        return len(groups) == 2 and all(g["epoch"] == 1 and g["state"] == "Healthy" for g in groups)
+
+    wait_for(rolled, 120, "both decode groups rolled to epoch 1", poll=0.1)
+    assert not seen_both_down, "a role must never roll all its groups at once"
+    for pod in env.pods(DECODE):
+        args = pod.spec.containers[0].args
+        assert args[args.index("--mem-fraction-static") + 1] == "0.8"
+    env.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, env.ns, PLURAL, NAME, {"spec": {"decode": {"replicas": 1}}}
+    )
+    wait_for(
+        lambda: not env.pods("lockstep.dev/role=decode,lockstep.dev/group=1"),
+        60,
+        "decode group 1 removed",
+    )
+    wait_for(lambda: env.status().get("decodeReady") == "1/1", 30, "one decode group")

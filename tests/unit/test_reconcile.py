@@ -110,3 +110,13 @@ def test_paused_deployment_removes_groups() -> None:
     paused = parse_pddeployment(pdd_obj(paused=True))
     plan = plan_reconcile(paused, evaluate(paused.spec), pods, services, {}, set())
     assert len(plan.delete_pods) == 2
+
+
+def test_a_missing_pod_or_a_later_epoch_is_not_staleness() -> None:
+    pdd = deepseek()
+    pods, services = split(observed(pdd, epochs={("decode", 0): 3}))
+    plan = plan_reconcile(pdd, evaluate(pdd.spec), pods, services, {("decode", 0): 3}, set())
+    assert plan.stale_groups == []
+    fewer = [p for p in pods if p["metadata"]["name"] != "deepseek-v3-decode-0-1"]
+    plan = plan_reconcile(pdd, evaluate(pdd.spec), fewer, services, {("decode", 0): 3}, set())
+    assert plan.stale_groups == []
