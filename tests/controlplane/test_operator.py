@@ -18,7 +18,6 @@ import yaml
 from harness import REPO, FakeKubelet, OperatorProcess, wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-
 from lockstep.localcluster.controlplane import LocalControlPlane
 
 GROUP, VERSION, PLURAL = "lockstep.dev", "v1alpha1", "pddeployments"
