@@ -1,0 +1,112 @@
+"""Fixtures for the controlplane tier: one real local control plane per test session.
+
+The control plane (`lockstep.localcluster.LocalControlPlane`: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler) is built once and cached by
+`.ci/build-controlplane`. A cold build takes minutes, more than one test's timeout, so it
+runs after collection when any test of this folder was selected, before the first test.
+
+Hook for later tiers: override `controlplane_extensions` (session scope) to run something
+beside the control plane, e.g. a process kubelet that registers fake GPU nodes; each
+extension is entered once the control plane is ready and exited before it stops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from lockstep.localcluster import (
+    ControlPlaneError,
+    ControlPlaneExtension,
+    LocalControlPlane,
+    build_controlplane,
+    find_kubectl,
+)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+PDD_CRD = REPO / "crds" / "pddeployments.lockstep.dev.yaml"
+
+BUILD_TIMEOUT = 3600.0  # a cold build (module download + compile) on 2 cores: ~10 min
+START_TIMEOUT = 90.0  # start-to-ready is a few seconds; a loaded CI machine gets margin
+
+_binary: list[Path] = []
+_build_error: list[ControlPlaneError] = []
+
+
+def _selected_here(items: list[pytest.Item]) -> bool:
+    return any(Path(str(item.path)).is_relative_to(HERE) for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not _selected_here(session.items) or _binary or _build_error:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    started = time.monotonic()
+    if reporter is not None:
+        reporter.write_line("controlplane: building or reusing lockstep-controlplane ...")
+    try:
+        _binary.append(build_controlplane(timeout=BUILD_TIMEOUT))
+    except ControlPlaneError as exc:
+        # Reported by every test that needs it, rather than aborting the whole session.
+        _build_error.append(exc)
+    if reporter is not None:
+        took = time.monotonic() - started
+        reporter.write_line(f"controlplane: binary ready after {took:.0f}s")
+
+
+@pytest.fixture(scope="session")
+def controlplane_binary() -> Path:
+    """The `lockstep-controlplane` binary (built after collection; see module doc)."""
+    if _build_error:
+        raise _build_error[0]
+    if not _binary:
+        _binary.append(build_controlplane(timeout=BUILD_TIMEOUT))
+    return _binary[0]
+
+
+@pytest.fixture(scope="session")
+def controlplane_extensions() -> list[ControlPlaneExtension]:
+    """What runs beside the session's control plane; none here (see module doc)."""
+    return []
+
+
+@pytest.fixture(scope="session")
+def controlplane(
+    controlplane_binary: Path,
+    controlplane_extensions: list[ControlPlaneExtension],
+) -> Iterator[LocalControlPlane]:
+    """The session's control plane, with the committed PDDeployment CRD installed before
+    the controllers start and the API server's audit log on."""
+    with LocalControlPlane(
+        binary=controlplane_binary,
+        crds=[PDD_CRD],
+        audit_log=True,
+        extensions=controlplane_extensions,
+        ready_timeout=START_TIMEOUT,
+    ) as cp:
+        yield cp
+
+
+@pytest.fixture
+def namespace(controlplane: LocalControlPlane) -> Iterator[str]:
+    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+    name = controlplane.new_namespace(prefix="t")
+    yield name
+    controlplane.delete_namespace(name)
+
+
+@pytest.fixture
+def http(controlplane: LocalControlPlane) -> Iterator[httpx.Client]:
+    """An httpx client for the API server as the admin user."""
+    with controlplane.http_client() as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> Path:
+    """The kubectl that `.ci/fetch-tools` extracts (or `$LOCKSTEP_KUBECTL`)."""
+    return find_kubectl()
