@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
 from fakepod import FakePod
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).resolve().parent.parent
+GROUP, VERSION, PLURAL = "lockstep.dev", "v1alpha1", "pddeployments"
 
 # Loopback addresses for fake pods: 127.0.8.x upwards, never 127.0.0.1.
 _ADDRESSES: Iterator[str] = (f"127.0.{a}.{b}" for a in itertools.count(8) for b in range(2, 250))
@@ -51,10 +53,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, poll: floa
 class OperatorProcess:
     """`lockstep operator` watching one namespace, logging to a file."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_path: Path,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_path
+        self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
@@ -72,6 +81,7 @@ class OperatorProcess:
                 "0",
                 "--metrics-port",
                 "0",
+                *self.extra_args,
             ],
             env=env,
             stdout=log,
@@ -192,3 +202,20 @@ class FakeKubelet:
             ],
         }
         self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+
+
+def install_crd(plane: Any) -> None:
+    """Install the committed CRD and wait until the API server serves it."""
+    api = plane.api_client()
+    crd = yaml.safe_load((REPO / "crds/pddeployments.lockstep.dev.yaml").read_text())
+    k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    custom = k8s.CustomObjectsApi(api)
+
+    def served() -> bool:
+        try:
+            custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        except ApiException:
+            return False
+        return True
+
+    wait_for(served, 60, "the PDDeployment CRD served")

@@ -125,7 +125,27 @@ def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
     os.environ["LOCKSTEP_METRICS_PORT"] = str(args.metrics_port)
-    import lockstep.handlers  # noqa: F401  (registers the handlers)
+    import lockstep.handlers
+
+    if args.webhook_port:
+        if bool(args.webhook_cert_dir) == bool(args.webhook_self_signed):
+            print(
+                "lockstep operator: --webhook-port needs exactly one of --webhook-cert-dir "
+                "(cert-manager's tls.crt/tls.key) or --webhook-self-signed",
+                file=sys.stderr,
+            )
+            return EXIT_UNREADABLE
+        os.environ.update(
+            {
+                "LOCKSTEP_WEBHOOK_PORT": str(args.webhook_port),
+                "LOCKSTEP_WEBHOOK_ADDR": args.webhook_addr,
+                "LOCKSTEP_WEBHOOK_CERT_DIR": args.webhook_cert_dir or "",
+                "LOCKSTEP_WEBHOOK_SERVICE": args.webhook_service,
+                "LOCKSTEP_WEBHOOK_NAMESPACE": args.webhook_namespace,
+                "LOCKSTEP_WEBHOOK_CONFIG_NAME": args.webhook_config_name or "",
+            }
+        )
+        import lockstep.admission  # noqa: F401  (registers the webhook handlers)
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -170,6 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--peering", help="kopf peering name: replicas never act at once")
     op.add_argument("--liveness-port", type=int, default=8080, help="0 disables /healthz")
     op.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
+    op.add_argument("--webhook-port", type=int, help="serve the admission webhooks (HTTPS)")
+    op.add_argument("--webhook-addr", default="0.0.0.0", help="webhook listen address")
+    op.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key")
+    op.add_argument(
+        "--webhook-self-signed",
+        action="store_true",
+        help="generate a CA and certificate at start and inject the CA into the configs",
+    )
+    op.add_argument("--webhook-service", default="lockstep-webhook", help="for the cert SANs")
+    op.add_argument("--webhook-namespace", default="default", help="for the cert SANs")
+    op.add_argument("--webhook-config-name", help="webhook configurations to inject the CA into")
     op.add_argument("-v", "--verbose", action="store_true")
     op.set_defaults(func=cmd_operator)
     return parser

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 TICK_SECONDS = float(os.environ.get("LOCKSTEP_TICK_SECONDS", "1.0"))
 
 
-def _api_client() -> k8s.ApiClient:
+def api_client() -> k8s.ApiClient:
+    """A Kubernetes client: in-cluster config, else the kubeconfig."""
     try:
         k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
     except k8s_config.ConfigException:
@@ -52,7 +53,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     if metrics_port:
         metrics.serve(metrics_port)
     book = ProbeBook()
-    rt = Runtime(kube=Kube(_api_client()), book=book, metrics=metrics, http=httpx.Client())
+    rt = Runtime(kube=Kube(api_client()), book=book, metrics=metrics, http=httpx.Client())
     memo["runtime"] = rt
     client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
 

@@ -15,29 +15,20 @@ from typing import Any
 
 import pytest
 import yaml
-from harness import REPO, FakeKubelet, OperatorProcess, wait_for
+from harness import (
+    GROUP,
+    PLURAL,
+    REPO,
+    VERSION,
+    FakeKubelet,
+    OperatorProcess,
+    install_crd,
+    wait_for,
+)
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from lockstep.localcluster.controlplane import LocalControlPlane
 
-GROUP, VERSION, PLURAL = "lockstep.dev", "v1alpha1", "pddeployments"
 NAME = "qwen-small"
-
-
-def install_crd(plane: LocalControlPlane) -> None:
-    api = plane.api_client()
-    crd = yaml.safe_load((REPO / "crds/pddeployments.lockstep.dev.yaml").read_text())
-    k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
-    custom = k8s.CustomObjectsApi(api)
-
-    def served() -> bool:
-        try:
-            custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-        except ApiException:
-            return False
-        return True
-
-    wait_for(served, 60, "the PDDeployment CRD served")
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,10 @@
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["get", "patch"]
+# Evidence before a group restart includes the last log lines of every pod of the group.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # Each group's headless rendezvous Service (its selector moves with the epoch) and the
 # router's Service.
 - apiGroups: [""]

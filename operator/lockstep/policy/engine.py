@@ -177,6 +177,8 @@ class RolePolicy:
     argv: tuple[str, ...]
     env: dict[str, str]
     findings: tuple[Finding, ...]
+    # The user's args after the policy (what an Enforce mutation writes back to the spec).
+    user_args: tuple[str, ...] = ()
 
     @property
     def accepted(self) -> bool:
@@ -317,9 +319,9 @@ def evaluate_role(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> R
         c.ENV_AGENT_PORT: str(c.PORT_AGENT),
         **ctx.env,
     }
-    user_tokens = [t for item in ctx.items for t in item.tokens()]
-    argv = (*_operator_argv(spec, role_name), *user_tokens, *ctx.added)
-    return RolePolicy(role_name, argv, env, tuple(ctx.findings))
+    user_args = (*(t for item in ctx.items for t in item.tokens()), *ctx.added)
+    argv = (*_operator_argv(spec, role_name), *user_args)
+    return RolePolicy(role_name, argv, env, tuple(ctx.findings), user_args)
 
 
 def _operator_argv(spec: PDDeploymentSpec, role_name: str) -> list[str]:
