@@ -8,6 +8,7 @@ pod agent) inherits the same settings without extra plumbing.
 | --- | --- | --- |
 | ``LOCKSTEP_STATE_DIR`` | ``/dev/shm/lockstep`` | rank-state files (shared with the agent) |
 | ``LOCKSTEP_CONSENSUS`` | ``1`` | decision consensus on (``0``: rank state only) |
+| ``LOCKSTEP_CONSENSUS_PAUSE_S`` | ``0.05`` | pause between two cross-rank comparisons |
 | ``LOCKSTEP_GLOO_TIMEOUT_S`` | ``600`` | cap on every gloo group's timeout |
 | ``LOCKSTEP_AGENT`` | ``1`` | start the pod agent |
 | ``LOCKSTEP_AGENT_HOST`` / ``_PORT`` | ``0.0.0.0`` / ``8790`` | pod agent address |
@@ -23,9 +24,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from lockstep_sglang import agent, gloo_timeout, probe, rank_state
+from lockstep_sglang import agent, consensus, gloo_timeout, probe, rank_state
 
 CONSENSUS_ENV = "LOCKSTEP_CONSENSUS"
+CONSENSUS_PAUSE_ENV = "LOCKSTEP_CONSENSUS_PAUSE_S"
 AGENT_ENV = "LOCKSTEP_AGENT"
 PROBE_TIMEOUT_ENV = "LOCKSTEP_PROBE_TIMEOUT_S"
 PROBE_MAX_TIMEOUT_ENV = "LOCKSTEP_PROBE_MAX_TIMEOUT_S"
@@ -42,10 +44,10 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be 0 or 1, got {raw!r}")
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def _seconds(env: Mapping[str, str], name: str, default: float, *, zero_ok: bool = False) -> float:
     raw = env.get(name, "").strip()
     value = float(raw) if raw else default
-    if not value > 0:
+    if not (value >= 0 if zero_ok else value > 0):
         raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
     return value
 
@@ -56,6 +58,7 @@ class RuntimeConfig:
 
     state_dir: Path
     consensus: bool
+    consensus_pause_s: float
     gloo_timeout: timedelta
     agent: bool
     agent_host: str
@@ -70,6 +73,9 @@ class RuntimeConfig:
         return cls(
             state_dir=Path(env.get(rank_state.STATE_DIR_ENV) or rank_state.DEFAULT_STATE_DIR),
             consensus=_flag(env, CONSENSUS_ENV, True),
+            consensus_pause_s=_seconds(
+                env, CONSENSUS_PAUSE_ENV, consensus.DEFAULT_PAUSE_S, zero_ok=True
+            ),
             gloo_timeout=gloo_timeout.timeout_from_env(env),
             agent=_flag(env, AGENT_ENV, True),
             agent_host=env.get(agent.HOST_ENV) or agent.DEFAULT_HOST,

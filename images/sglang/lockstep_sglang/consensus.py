@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_PAUSE_S = 0.05  # longest wait between two comparisons (detection delay it adds)
 DIVERGENCE_EXIT_CODE = 1  # what SGLang's own checker uses; the container restarts on it
 # Evidence bounds: the log line and the failure file stay readable.
 RECENT_EVENTS = 8
@@ -67,7 +68,7 @@ def rids_hash(rids: Iterable[str]) -> str:
     ordered = sorted(rids)
     if not ordered:
         return _EMPTY_RIDS
-    return hashlib.blake2b("\x00".join(ordered).encode(), digest_size=8).hexdigest()
+    return hashlib.blake2b("\x00".join(map(str, ordered)).encode(), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +101,11 @@ def decision_of(batch: object | None) -> Decision:
     reqs = getattr(batch, "reqs", None) or ()
     mode = getattr(batch, "forward_mode", None)
     mode_name = None if mode is None else str(getattr(mode, "name", mode))
-    return Decision(
-        "batch",
-        mode_name,
-        len(reqs),
-        rids_hash(str(getattr(r, "rid", "")) for r in reqs),
-    )
+    try:
+        rids = [r.rid for r in reqs]
+    except AttributeError:
+        rids = [str(getattr(r, "rid", "")) for r in reqs]
+    return Decision("batch", mode_name, len(reqs), rids_hash(rids))
 
 
 def queue_poll_event(queue_name: str, length: int) -> str:
@@ -240,12 +240,14 @@ def compare_across_ranks(
     import torch.distributed as dist
 
     digest = events_digest(events)
-    low = torch.tensor(list(digest), dtype=torch.uint8)
-    high = low.clone()
+    # One all-reduce instead of SGLang's MIN and MAX pair: MAX over (d, 255 - d) yields
+    # both the largest digest and 255 minus the smallest.
+    mine_bytes = torch.tensor(list(digest), dtype=torch.uint8)
+    both = torch.cat([mine_bytes, 255 - mine_bytes])
     for group in groups:
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
-    if torch.equal(low, high):
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    width = len(digest)
+    if torch.equal(both[:width], 255 - both[width:]):
         return None
     rank = dist.get_rank()
     per_rank: dict[int, list[str]] = {rank: list(events)}
@@ -304,12 +306,24 @@ def compare_and_fail(
     groups: Sequence[ProcessGroup],
     *,
     state: RankStateWriter | None,
+    pause_s: float = 0.0,
     exit_fn: Callable[[int], object] = os._exit,
 ) -> None:
-    """Compare ``events`` across ranks and end the process on a divergence."""
+    """Compare ``events`` across ranks and end the process on a divergence.
+
+    ``pause_s``: sleep after a passing check. The comparing thread otherwise runs its
+    collectives as fast as events arrive, taking CPU and network from the scheduler;
+    pausing lets events pile up and be compared in one batch, for a detection delay of
+    at most ``pause_s``.
+    """
+    started = time.monotonic()
     report = compare_across_ranks(events, groups)
     if report is not None:
         fail_on_divergence(report, state=state, exit_fn=exit_fn)
+        return
+    remaining = pause_s - (time.monotonic() - started)
+    if remaining > 0:
+        time.sleep(remaining)
 
 
 def create_dedicated_groups(rank_sets: Sequence[Sequence[int]]) -> list[ProcessGroup]:
@@ -345,9 +359,11 @@ class ConsensusChecker:
         *,
         state: RankStateWriter | None = None,
         on_divergence: Callable[[DivergenceReport], None] | None = None,
+        pause_s: float = DEFAULT_PAUSE_S,
     ) -> None:
         self._groups = list(groups)
         self._state = state
+        self._pause_s = pause_s
         self._on_divergence = on_divergence
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._owner: threading.Thread | None = None
@@ -399,6 +415,7 @@ class ConsensusChecker:
                     stopping = True
                     break
                 events.append(event)
+            started = time.monotonic()
             report = compare_across_ranks(events, self._groups)
             if report is not None:
                 if self._on_divergence is not None:
@@ -408,3 +425,7 @@ class ConsensusChecker:
                 return
             if stopping:
                 return
+            # See compare_and_fail: batch the comparisons, bounded detection delay.
+            remaining = self._pause_s - (time.monotonic() - started)
+            if remaining > 0:
+                time.sleep(remaining)

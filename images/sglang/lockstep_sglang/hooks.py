@@ -301,7 +301,13 @@ def _check_for_consensus(events: list[str]) -> None:
     """Stands in for ``rank_consensus_checker._check_for_consensus``: same comparison,
     plus cross-rank evidence in the log and the rank state before the exit."""
     rt = _runtime
-    compare_and_fail(events, rcc._sync_groups, state=None if rt is None else rt.state)
+    cfg = _config
+    compare_and_fail(
+        events,
+        rcc._sync_groups,
+        state=None if rt is None else rt.state,
+        pause_s=0.0 if cfg is None else cfg.consensus_pause_s,
+    )
 
 
 def install_scheduler_hooks(config: RuntimeConfig) -> None:
