@@ -312,3 +312,16 @@ def test_launcher_refuses_a_tampered_sglang_source(
     # Only the tampered function is reported.
     assert done.stderr.count(" changed: ") == 1, done.stderr
     shutil.rmtree(root / "sglang", ignore_errors=True)
+
+
+def test_launcher_refuses_a_malformed_setting_before_starting_anything() -> None:
+    env = {**os.environ, "LOCKSTEP_GLOO_TIMEOUT_S": "-5", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, "-m", "lockstep_sglang.launcher", "--model-path", "unused"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "LOCKSTEP_GLOO_TIMEOUT_S must be a positive number of seconds" in done.stderr

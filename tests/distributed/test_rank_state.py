@@ -1,0 +1,199 @@
+"""Rank state across processes: torn-read safety, liveness, restarts, and the pod agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dist_support import wait_until
+from lockstep_sglang.agent import PodAgent
+from lockstep_sglang.rank_state import archive_previous, read_rank_state, read_rank_states
+
+# Every write block carries one number n in every field it touches, so a read that mixes
+# two writes of a block shows different numbers.
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from lockstep_sglang.rank_state import RankStateWriter
+
+    w = RankStateWriter.create(Path(sys.argv[1]), rank=int(sys.argv[2]), tp_rank=0)
+    mode = sys.argv[3]
+    print("ready", flush=True)
+    n = 0
+    while True:
+        n += 1
+        if mode == "hammer":
+            w.record_decision(kind="batch", forward_mode=f"m{n}", batch_size=n,
+                              rids_hash=f"{n:x}", seq=n)
+            w.enter_collective(f"op{n}".encode(), f"g{n}".encode())
+            w.exit_collective()
+            w.enter_collective(f"op{n}".encode(), f"g{n}".encode())
+        else:
+            w.begin_iteration()
+            w.enter_collective(b"broadcast_pyobj", b"tp:cpu", opaque=True)
+            w.enter_collective(b"broadcast", b"tp:cpu")  # hidden by the opaque outer one
+            time.sleep(3600)
+    """
+)
+
+
+@pytest.fixture
+def writers(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _start(procs: list[subprocess.Popen[str]], state_dir: Path, rank: int, mode: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(state_dir), str(rank), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(proc)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+
+
+def test_reads_never_mix_two_writes(tmp_path: Path, writers: list[subprocess.Popen[str]]) -> None:
+    _start(writers, tmp_path, 0, "hammer")
+    path = tmp_path / "rank-0.state"
+    reads = torn = flagged = 0
+    end = time.monotonic() + 3.0
+    while time.monotonic() < end:
+        state = read_rank_state(path)
+        decision, collective = state["last_decision"], state["collective"]
+        if decision is None or collective is None:
+            continue
+        if "error" in state:
+            flagged += 1  # the reader said it could not get a clean copy
+            continue
+        reads += 1
+        # Each write block (a decision; a collective entry) must be read whole.
+        n = decision["seq"]
+        in_decision = {
+            n,
+            decision["batch_size"],
+            int(decision["rids_hash"], 16),
+            int((decision["forward_mode"] or "m0")[1:]),
+        }
+        in_collective = {int(collective["op"][2:]), int(collective["group"][1:])}
+        torn += len(in_decision) != 1 or len(in_collective) != 1
+    assert reads > 500
+    assert torn == 0
+    assert flagged < reads / 10
+
+
+def _get(url: str, body: bytes | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_agent_serves_live_dead_and_previous_ranks(
+    tmp_path: Path, writers: list[subprocess.Popen[str]]
+) -> None:
+    # A previous incarnation's files are archived, not lost, when the ranks restart.
+    _start(writers, tmp_path, 0, "idle")
+    writers[0].kill()
+    writers[0].wait(timeout=10)
+    archive_previous(tmp_path)
+    _start(writers, tmp_path, 0, "idle")
+    _start(writers, tmp_path, 1, "idle")
+
+    server, _ = PodAgent(tmp_path).serve_in_thread("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        status, body = _get(f"{base}/ranks")
+        assert status == 200
+        assert [s["rank"] for s in body["ranks"]] == [0, 1]
+        assert [s["alive"] for s in body["ranks"]] == [True, True]
+        assert [(s["rank"], s["alive"]) for s in body["previous"]] == [(0, False)]
+        live = body["ranks"][0]
+        assert live["pid"] == writers[1].pid
+        assert live["iteration"] == 1
+        # The opaque broadcast_pyobj hides the broadcast inside it.
+        assert (live["collective"]["op"], live["collective"]["group"]) == (
+            "broadcast_pyobj",
+            "tp:cpu",
+        )
+        assert live["collective"]["seq"] == 1
+
+        os.kill(writers[2].pid, signal.SIGKILL)
+        writers[2].wait(timeout=10)
+        wait_until(
+            lambda: not read_rank_states(tmp_path)[1]["alive"], 5, "the dead rank shown dead"
+        )
+        status, body = _get(f"{base}/ranks")
+        assert [s["alive"] for s in body["ranks"]] == [True, False]
+        # Its last state stays readable: where it was when it died.
+        assert body["ranks"][1]["collective"]["op"] == "broadcast_pyobj"
+
+        assert _get(f"{base}/healthz") == (200, {"ok": True})
+        assert _get(f"{base}/nope")[0] == 404
+        assert _get(f"{base}/ranks", b"{}")[0] == 405
+        assert _get(f"{base}/stacks", b"[1]")[0] == 400
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_stack_dumps_are_bounded_and_one_at_a_time(
+    tmp_path: Path, writers: list[subprocess.Popen[str]]
+) -> None:
+    _start(writers, tmp_path, 0, "idle")
+    slow = tmp_path / "slow-py-spy"
+    slow.write_text("#!/bin/sh\nsleep 30\n")
+    slow.chmod(0o755)
+    agent = PodAgent(tmp_path, py_spy=str(slow))
+    server, _ = agent.serve_in_thread("127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        first: dict[str, Any] = {}
+
+        def dump() -> None:
+            start = time.monotonic()
+            first["result"] = _get(f"{base}/stacks", json.dumps({"timeout_s": 1.5}).encode())
+            first["took"] = time.monotonic() - start
+
+        thread = threading.Thread(target=dump)
+        thread.start()
+        wait_until(agent._stacks_busy.locked, 5, "the first dump to start")
+        assert _get(f"{base}/stacks", b"{}")[0] == 429
+        thread.join(20)
+        status, body = first["result"]
+        assert status == 200
+        (stack,) = body["stacks"]
+        assert stack["ok"] is False and "longer than 1.5s" in stack["error"]
+        assert first["took"] < 10  # bounded by timeout_s, not by the 30 s dump
+
+        # The real py-spy on the live rank.
+        status, body = _get(f"{base}/ranks")
+        real = PodAgent(tmp_path).stacks(timeout_s=20)
+        (stack,) = real["stacks"]
+        assert stack["ok"], stack["error"]
+        assert stack["pid"] == writers[0].pid
+        assert "sleep" in stack["stack"] or "<module>" in stack["stack"]
+    finally:
+        server.shutdown()
+        server.server_close()
