@@ -151,11 +151,19 @@ def load_records(body: Mapping[str, Any]) -> dict[str, GroupRecord]:
 
 
 def dump_records(records: Mapping[str, GroupRecord]) -> str:
-    """The annotation value for the records."""
-    return json.dumps(
-        {k: json.loads(r.to_json()) for k, r in sorted(records.items())},
-        separators=(",", ":"),
-    )
+    """The annotation value for the records.
+
+    An incident's evidence stays in status only: annotations share a 256 KiB budget per
+    object, and evidence is bounded per incident, not per deployment.
+    """
+    out = {}
+    for key, rec in sorted(records.items()):
+        if rec.incident is not None and rec.incident.evidence:
+            rec = rec.model_copy(
+                update={"incident": rec.incident.model_copy(update={"evidence": ""})}
+            )
+        out[key] = json.loads(rec.to_json())
+    return json.dumps(out, separators=(",", ":"))
 
 
 def manual_request(body: Mapping[str, Any], role: str, group: int) -> str | None:
@@ -368,7 +376,10 @@ class _Round:
     def _upsert_incident(self, incident: Incident) -> None:
         new = incident.model_dump(by_alias=True, exclude_none=True)
         old = self.incidents.get(incident.id)
-        if old is not None and EVIDENCE_MARK in str(old.get("evidence", "")):
+        if old is not None and not new.get("evidence"):
+            # Records persist no evidence (see dump_records): status keeps what it had.
+            new["evidence"] = old.get("evidence", "")
+        elif old is not None and EVIDENCE_MARK in str(old.get("evidence", "")):
             captured = str(old["evidence"]).split(EVIDENCE_MARK, 1)[1]
             new["evidence"] = str(new.get("evidence", "")) + EVIDENCE_MARK + captured
         self.incidents[incident.id] = new

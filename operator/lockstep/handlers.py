@@ -28,6 +28,11 @@ from lockstep.prober import ProbeBook, Prober
 
 log = logging.getLogger(__name__)
 
+# The prober's connection pool: bounded (httpcore scans the pool on every request, so a
+# pool as large as the number of pods costs more CPU than the probes; see
+# benchmarks/prober_capacity.py).
+PROBE_POOL = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
 # How often a round runs even without a change (the prober's results arrive this way).
 TICK_SECONDS = float(os.environ.get("LOCKSTEP_TICK_SECONDS", "1.0"))
 
@@ -55,7 +60,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     book = ProbeBook()
     rt = Runtime(kube=Kube(api_client()), book=book, metrics=metrics, http=httpx.Client())
     memo["runtime"] = rt
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
+    client = httpx.AsyncClient(limits=PROBE_POOL)
 
     def on_sample(sample: Any) -> None:
         role = sample.key[2]

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -103,7 +103,13 @@ class ProbeBook:
             target = self._targets.get(sample.key)
             if target is None or target.epoch != sample.epoch:
                 return
-            self._samples.setdefault(sample.key, deque(maxlen=HISTORY)).append(sample)
+            history = self._samples.setdefault(sample.key, deque(maxlen=HISTORY))
+            if history and history[-1].agents:
+                # Only the newest sample keeps the agents' answers (the verdict compares it
+                # with the previous one, which the control round remembers itself): the
+                # rank states of 16 ranks x 32 samples x 1000 groups would be hundreds of MiB.
+                history[-1] = replace(history[-1], agents=())
+            history.append(sample)
 
     def samples(self, key: GroupKey) -> list[ProbeSample]:
         """Recent samples of a group, oldest first."""

@@ -1,0 +1,134 @@
+"""Operator memory with 1,000 groups: the resident set of an operator process holding the
+state it keeps per group (probe history with failed samples and agent answers, the
+persisted recovery records, the status it writes), next to the same process without.
+
+This builds the state with the operator's own types in one process, without an API
+server (1,000 groups would be 2,000+ pods to run), so it measures the operator's own
+per-group memory, not kopf's watch caches. Prints JSON.
+Usage: python benchmarks/operator_memory.py [--groups 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+import tracemalloc
+
+import lockstep.handlers  # noqa: F401  (the operator's import footprint)
+import psutil
+from lockstep.control import dump_records
+from lockstep.prober import HISTORY, AgentResult, ProbeBook, ProbeSample, ProbeTarget
+from lockstep.recovery import GroupRecord, IncidentRecord, PodRef, Step
+
+
+def rank_state(rank: int, it: int) -> dict[str, object]:
+    return {
+        "rank": rank,
+        "tp_rank": rank,
+        "pid": 1000 + rank,
+        "alive": True,
+        "iteration": it,
+        "updated_at": time.time(),
+        "last_decision": {
+            "kind": "batch",
+            "forward_mode": "decode",
+            "batch_size": 8,
+            "rids_hash": "9f2c",
+            "seq": it,
+        },
+        "collective": {"op": "all_reduce", "group": "tp_device", "seq": it, "since": 1.0},
+        "consensus_failure": None,
+    }
+
+
+def build(groups: int, pods_per_group: int, ranks_per_pod: int) -> tuple[object, ...]:
+    book = ProbeBook()
+    targets = [
+        ProbeTarget(
+            key=("ns", "m", "decode", g),
+            epoch=0,
+            probe_url=f"http://10.{g // 250}.{g % 250}.1:30000/lockstep/probe",
+            agents=tuple(
+                (f"m-decode-{g}-{p}", f"http://10.{g // 250}.{g % 250}.{p + 1}:8999")
+                for p in range(pods_per_group)
+            ),
+            period=5.0,
+            timeout=3.0,
+        )
+        for g in range(groups)
+    ]
+    book.set_targets("ns", "m", targets)
+    for t in targets:
+        for i in range(HISTORY):  # a full history of failed samples: the worst case
+            agents = tuple(
+                AgentResult(
+                    pod,
+                    {"ranks": [rank_state(p * ranks_per_pod + r, i) for r in range(ranks_per_pod)]},
+                )
+                for p, (pod, _) in enumerate(t.agents)
+            )
+            book.record(ProbeSample(t.key, 0, float(i), False, 3.0, "timed out", None, agents))
+    records = {
+        f"decode/{g}": GroupRecord(
+            role="decode",
+            index=g,
+            step=Step.HEALTHY,
+            epoch=3,
+            restarts=3,
+            restart_times=(1.0, 2.0, 3.0),
+            incident=IncidentRecord(
+                id=f"decode-{g}-3",
+                verdict="Desynced",
+                epoch=3,
+                reason="consensus failure",
+                first_failure_at=1.0,
+                detected_at=2.0,
+                evidence="x" * 2000,
+            ),
+            old_pods=tuple(
+                PodRef(name=f"m-decode-{g}-{p}", uid=f"uid-{g}-{p}") for p in range(pods_per_group)
+            ),
+        )
+        for g in range(groups)
+    }
+    annotation = dump_records(records)
+    return book, records, annotation
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--groups", type=int, default=1000)
+    parser.add_argument("--pods-per-group", type=int, default=2)
+    parser.add_argument("--ranks-per-pod", type=int, default=8)
+    args = parser.parse_args()
+    proc = psutil.Process()
+    gc.collect()
+    rss0 = proc.memory_info().rss
+    tracemalloc.start()
+    state = build(args.groups, args.pods_per_group, args.ranks_per_pod)
+    gc.collect()
+    traced, _peak = tracemalloc.get_traced_memory()
+    rss1 = proc.memory_info().rss
+    print(
+        json.dumps(
+            {
+                "benchmark": "operator_memory",
+                "groups": args.groups,
+                "pods_per_group": args.pods_per_group,
+                "ranks_per_pod": args.ranks_per_pod,
+                "probe_history_per_group": HISTORY,
+                "rss_after_import_mib": round(rss0 / 2**20, 1),
+                "rss_with_state_mib": round(rss1 / 2**20, 1),
+                "state_traced_mib": round(traced / 2**20, 1),
+                "state_per_group_kib": round(traced / args.groups / 1024, 1),
+                "records_annotation_kib": round(len(state[2]) / 1024, 1),  # type: ignore[arg-type]
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
