@@ -24,7 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 
 # Like the launcher: the checker is switched on before SGLang is imported.
-os.environ["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"] = "1"
+if "--no-consensus" not in sys.argv:
+    os.environ["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"] = "1"
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # SGLang's CUDA-only import warnings on CPU
@@ -138,6 +139,7 @@ def main() -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--diverge-at", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=0)
+    parser.add_argument("--no-consensus", action="store_true")
     args = parser.parse_args()
     workdir = Path(args.workdir)
     config = RuntimeConfig.from_env({"LOCKSTEP_STATE_DIR": str(workdir / "state")})

@@ -148,6 +148,48 @@ def test_rank_zero_drops_expired_probes_before_the_broadcast(restore_hooks: Modu
     assert hooks._pull_hook(lambda self: None)(None) is None  # non-pulling ranks
 
 
+def _group_coordinator() -> Any:
+    """SGLang's own TP GroupCoordinator on the current (CPU, gloo) world."""
+    import torch.distributed as dist
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+    return GroupCoordinator(
+        [list(range(dist.get_world_size()))],
+        0,
+        "gloo",
+        use_pynccl=False,
+        use_mscclpp=False,
+        use_custom_allreduce=False,
+        use_torch_symm_mem_all_reduce=False,
+        use_hpu_communicator=False,
+        use_xpu_communicator=False,
+        group_name="tp",
+    )
+
+
+def test_sglang_gloo_groups_get_the_configured_bound_instead_of_two_hours(
+    restore_hooks: ModuleType, tmp_path: Path
+) -> None:
+    import inspect
+
+    import torch.distributed as dist
+    from lockstep_sglang.gloo_timeout import group_timeout
+    from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+    default = inspect.signature(GroupCoordinator.__init__).parameters["gloo_timeout"].default
+    assert default == timedelta(hours=2)  # what SGLang 0.5.23 would use
+    restore_hooks.install_scheduler_hooks(_config(tmp_path))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        coordinator = _group_coordinator()
+        assert coordinator.cpu_group.group_desc == "tp:cpu"
+        assert group_timeout(coordinator.cpu_group) == timedelta(seconds=30)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_probe_route_runs_a_collective_through_the_real_dispatchers(
     restore_hooks: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -168,11 +210,9 @@ def test_probe_route_runs_a_collective_through_the_real_dispatchers(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
     )
     try:
-        cpu = dist.new_group([0], backend="gloo", group_desc="tp:cpu")
-        device = dist.new_group([0], backend="gloo", group_desc="tp:device")
         scheduler = SimpleNamespace(
             tp_rank=0,
-            tp_group=SimpleNamespace(cpu_group=cpu, device_group=device),
+            tp_group=_group_coordinator(),
             _request_dispatcher=TypeBasedDispatcher([]),
         )
         # The scheduler side of the hooks: runtime, then the probe handler.
@@ -267,6 +307,32 @@ def test_real_decode_loop_divergence_is_caught_by_sglangs_consensus_checker(
         assert "TP ranks diverged" in err
         # SGLang's own checker was on (its startup warning), so this is its worker.
         assert "Rank consensus checker is enabled" in err
+
+
+def test_real_decode_loop_without_consensus_hangs_where_the_rank_state_says(
+    run_ranks: Callable[..., list[subprocess.Popen[bytes]]], short_tmp: Path
+) -> None:
+    procs = run_ranks(2, short_tmp, "--no-consensus", "--diverge-at", "60")
+    deadline = time.monotonic() + 90
+    want = {0: ("all_reduce", "tp:device"), 1: ("broadcast_pyobj", "tp:cpu")}
+
+    def where() -> dict[int, tuple[str, str] | None]:
+        states = {s["rank"]: s["collective"] for s in read_rank_states(short_tmp / "state")}
+        return {r: (c["op"], c["group"]) if c else None for r, c in states.items()}
+
+    # Rank 0 waits in the batch's device all-reduce (inside run_batch); rank 1 idled and
+    # waits in SGLang's broadcast_pyobj of the next iteration's requests.
+    while where() != want:
+        assert time.monotonic() < deadline, (where(), _harness_failure(short_tmp, 2))
+        assert all(p.poll() is None for p in procs), _harness_failure(short_tmp, 2)
+        time.sleep(0.1)
+    before = read_rank_states(short_tmp / "state")
+    time.sleep(2.0)
+    after = read_rank_states(short_tmp / "state")
+    assert [p.poll() for p in procs] == [None, None]
+    assert [s["iteration"] for s in after] == [s["iteration"] for s in before]
+    assert where() == want
+    assert "Rank consensus checker is enabled" not in (short_tmp / "rank-0.err").read_text()
 
 
 def _tampered_sglang(dest: Path) -> Path:
