@@ -30,16 +30,9 @@ import torch
 import torch.distributed as dist
 import zmq
 from lockstep_sglang import gloo_timeout
-from lockstep_sglang.collectives import CollectiveTracer, trace_torch_distributed
-from lockstep_sglang.consensus import ConsensusChecker, DecisionRecorder, create_dedicated_groups
-from lockstep_sglang.probe import (
-    ProbeGroup,
-    ProbeReply,
-    ProbeRequest,
-    drop_expired,
-    run_collective_probe,
-)
-from lockstep_sglang.rank_state import RankStateWriter
+from lockstep_sglang.consensus import create_dedicated_groups
+from lockstep_sglang.probe import ProbeRequest, drop_expired
+from lockstep_sglang.standalone import StandaloneRank
 
 
 def broadcast_pyobj(data: list[Any] | None, rank: int, group: Any, src: int = 0) -> list[Any]:
@@ -90,18 +83,19 @@ class Rank:
         self.cpu_group = dist.new_group(ranks, backend="gloo", group_desc="tp:cpu")
         self.device_group = dist.new_group(ranks, backend="gloo", group_desc="tp:device")
         self.side_group = dist.new_group(ranks, backend="gloo", group_desc="side:cpu")
-        consensus_groups = create_dedicated_groups([ranks])
-        self.state = RankStateWriter.create(
-            self.workdir / "state", rank=self.rank, tp_rank=self.rank
+        self.runtime = StandaloneRank.start(
+            self.workdir / "state",
+            rank=self.rank,
+            tp_rank=self.rank,
+            cpu_group=self.cpu_group,
+            device_group=self.device_group,
+            consensus_groups=create_dedicated_groups([ranks]),
+            consensus=args.consensus,
         )
-        self.tracer = CollectiveTracer(self.state)
-        trace_torch_distributed(self.tracer)
+        self.state = self.runtime.state
+        self.tracer = self.runtime.tracer
+        self.recorder = self.runtime.recorder
         self.broadcast = self.tracer.wrap(broadcast_pyobj, "broadcast_pyobj", opaque=True)
-        self.checker: ConsensusChecker | None = None
-        if args.consensus:
-            self.checker = ConsensusChecker(consensus_groups, state=self.state)
-            self.checker.start()
-        self.recorder = DecisionRecorder(self.checker.record if self.checker else None, self.state)
         self.transfer_queue: list[str] = []
         self.running: dict[str, int] = {}
         self.iteration = 0
@@ -171,21 +165,9 @@ class Rank:
                 self.stop = True
 
     def run_probe(self, req: ProbeRequest) -> None:
-        handled_at = time.time()
-        ok, groups_ms, error = run_collective_probe(
-            [ProbeGroup("tp:cpu", self.cpu_group), ProbeGroup("tp:device", self.device_group)]
-        )
-        self.emit("probe", rid=req.rid, ok=ok)
-        if self.rank == 0:
-            reply = ProbeReply(
-                rid=req.rid,
-                ok=ok,
-                groups_ms=groups_ms,
-                tp_rank=0,
-                iteration=self.iteration,
-                queued_ms=(handled_at - req.sent_at) * 1000.0,
-                error=error,
-            )
+        reply = self.runtime.handle_probe(req, self.iteration)
+        self.emit("probe", rid=req.rid)
+        if reply is not None:
             self.outbox.send_pyobj(reply)
 
     def process_transfer_queue(self) -> None:
@@ -223,8 +205,7 @@ class Rank:
         dist.all_reduce(torch.ones(1), group=self.side_group)
 
     def shutdown(self) -> None:
-        if self.checker is not None:
-            self.checker.close()
+        self.runtime.close()
         self.emit("stopped", iteration=self.iteration, dropped_expired=self.dropped_expired)
         dist.barrier(group=self.cpu_group)
         dist.destroy_process_group()
