@@ -246,31 +246,24 @@ class LocalControlPlane:
         if self._proc is not None:
             raise ControlPlaneError("already started")
         binary = self._binary or build_controlplane(timeout=self._build_timeout)
+        self._binary = binary
         if self._given_workdir is not None:
             self._given_workdir.mkdir(parents=True, exist_ok=True)
             self._workdir = self._given_workdir.resolve()
         else:
             self._workdir = Path(tempfile.mkdtemp(prefix="lockstep-cp-"))
-        ready_file = self._workdir / "ready.json"
-        ready_file.unlink(missing_ok=True)
-        args = [str(binary), "run", "--dir", str(self._workdir), "--exit-with-parent"]
-        args += ["--ready-timeout", f"{self._ready_timeout}s"]
-        if self._audit:
-            args += ["--audit-log", str(self._workdir / "logs" / "audit.log")]
-        args += [f"--crd={p}" for p in self._crds]
-        args += [f"--apiserver-arg={a}" for a in self._apiserver_args]
-        args += [f"--controller-manager-arg={a}" for a in self._controller_manager_args]
-        args += [f"--scheduler-arg={a}" for a in self._scheduler_args]
-        with open(self._supervisor_log, "ab") as log:
-            self._proc = subprocess.Popen(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
         _running.add(self)
         try:
+            ready_file = self._workdir / "ready.json"
+            ready_file.unlink(missing_ok=True)
+            with open(self._supervisor_log, "ab") as log:
+                self._proc = subprocess.Popen(
+                    [str(binary), "run", *self._run_flags()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             self._info = self._wait_ready(ready_file)
             for extension in self._extensions:
                 self._extension_stack.enter_context(extension(self))
@@ -278,6 +271,18 @@ class LocalControlPlane:
             self.stop()
             raise
         return self
+
+    def _run_flags(self) -> list[str]:
+        assert self._workdir is not None
+        flags = ["--dir", str(self._workdir), "--exit-with-parent"]
+        flags += ["--ready-timeout", f"{self._ready_timeout}s"]
+        if self._audit:
+            flags += ["--audit-log", str(self._workdir / "logs" / "audit.log")]
+        flags += [f"--crd={p}" for p in self._crds]
+        flags += [f"--apiserver-arg={a}" for a in self._apiserver_args]
+        flags += [f"--controller-manager-arg={a}" for a in self._controller_manager_args]
+        flags += [f"--scheduler-arg={a}" for a in self._scheduler_args]
+        return flags
 
     def _wait_ready(self, ready_file: Path) -> ReadyInfo:
         assert self._proc is not None
@@ -421,8 +426,8 @@ class LocalControlPlane:
         """Write a kubeconfig for `user` in `groups` (a client certificate signed by the
         cluster CA), e.g. to check that an RBAC role is enough and no more."""
         out = path or self.workdir / f"user-{user.replace(':', '_')}.kubeconfig"
-        binary = self._binary or build_controlplane(timeout=self._build_timeout)
-        args = [str(binary), "kubeconfig", "--dir", str(self.workdir), "--user", user]
+        assert self._binary is not None  # resolved by start()
+        args = [str(self._binary), "kubeconfig", "--dir", str(self.workdir), "--user", user]
         args += [f"--group={g}" for g in groups]
         args += ["--out", str(out)]
         done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
