@@ -111,8 +111,10 @@ def _get(url: str, body: bytes | None = None) -> tuple[int, Any]:
 
 
 def test_agent_serves_live_dead_and_previous_ranks(
-    tmp_path: Path, writers: list[subprocess.Popen[str]]
+    tmp_path: Path, writers: list[subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("LOCKSTEP_POD_NAME", "demo-decode-0-0")
+    monkeypatch.setenv("LOCKSTEP_GROUP_EPOCH", "3")
     # A previous incarnation's files are archived, not lost, when the ranks restart.
     _start(writers, tmp_path, 0, "idle")
     writers[0].kill()
@@ -126,6 +128,7 @@ def test_agent_serves_live_dead_and_previous_ranks(
     try:
         status, body = _get(f"{base}/ranks")
         assert status == 200
+        assert (body["pod"], body["epoch"]) == ("demo-decode-0-0", "3")
         assert [s["rank"] for s in body["ranks"]] == [0, 1]
         assert [s["alive"] for s in body["ranks"]] == [True, True]
         assert [(s["rank"], s["alive"]) for s in body["previous"]] == [(0, False)]

@@ -391,3 +391,20 @@ def test_launcher_refuses_a_malformed_setting_before_starting_anything() -> None
     )
     assert done.returncode == 2
     assert "LOCKSTEP_GLOO_TIMEOUT_S must be a positive number of seconds" in done.stderr
+
+
+def test_settings_accept_what_the_operator_renders() -> None:
+    # The operator's pod builder sets SGLang's own switch and the *_SECONDS spelling.
+    cfg = RuntimeConfig.from_env(
+        {"SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "0", "LOCKSTEP_GLOO_TIMEOUT_SECONDS": "90"}
+    )
+    assert cfg.consensus is False
+    assert cfg.gloo_timeout == timedelta(seconds=90)
+    assert RuntimeConfig.from_env({}).consensus is True
+    assert RuntimeConfig.from_env(
+        {"LOCKSTEP_CONSENSUS": "1", "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER": "0"}
+    ).consensus
+    with pytest.raises(ValueError, match="disagree"):
+        RuntimeConfig.from_env(
+            {"LOCKSTEP_GLOO_TIMEOUT_S": "60", "LOCKSTEP_GLOO_TIMEOUT_SECONDS": "90"}
+        )

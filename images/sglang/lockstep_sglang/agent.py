@@ -5,8 +5,11 @@ from a dead rank, and to capture evidence before it restarts the group:
 
 - ``GET /ranks``: the local ranks' state (schema in :mod:`lockstep_sglang.rank_state`)::
 
-      {"schema": "lockstep.dev/rank-state/v1", "hostname": str, "agent_pid": int,
-       "now": float, "ranks": [RankState, ...], "previous": [RankState, ...]}
+      {"schema": "lockstep.dev/rank-state/v1", "hostname": str, "pod": str | null,
+       "epoch": str | null, "agent_pid": int, "now": float,
+       "ranks": [RankState, ...], "previous": [RankState, ...]}
+
+  ``pod`` and ``epoch`` echo ``LOCKSTEP_POD_NAME`` and ``LOCKSTEP_GROUP_EPOCH``.
 
   ``previous`` holds the ranks of the last incarnation of this container (archived by
   the launcher at start), so a crash's evidence survives the restart it caused.
@@ -59,6 +62,8 @@ from lockstep_sglang.rank_state import (
 logger = logging.getLogger(__name__)
 
 PORT_ENV = "LOCKSTEP_AGENT_PORT"
+POD_NAME_ENV = "LOCKSTEP_POD_NAME"
+EPOCH_ENV = "LOCKSTEP_GROUP_EPOCH"
 HOST_ENV = "LOCKSTEP_AGENT_HOST"
 DEFAULT_PORT = 8790
 DEFAULT_HOST = "0.0.0.0"
@@ -72,6 +77,8 @@ class RanksResponse(TypedDict):
 
     schema: str
     hostname: str
+    pod: str | None
+    epoch: str | None
     agent_pid: int
     now: float
     ranks: list[RankStateJSON]
@@ -155,6 +162,10 @@ class PodAgent:
         return {
             "schema": SCHEMA,
             "hostname": socket.gethostname(),
+            # Set by the operator's pod template: lets it discard an answer from a pod
+            # of another group epoch.
+            "pod": os.environ.get(POD_NAME_ENV) or None,
+            "epoch": os.environ.get(EPOCH_ENV) or None,
             "agent_pid": os.getpid(),
             "now": self._clock(),
             "ranks": read_rank_states(self.state_dir),

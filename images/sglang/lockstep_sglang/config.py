@@ -7,9 +7,9 @@ pod agent) inherits the same settings without extra plumbing.
 | variable | default | meaning |
 | --- | --- | --- |
 | ``LOCKSTEP_STATE_DIR`` | ``/dev/shm/lockstep`` | rank-state files (shared with the agent) |
-| ``LOCKSTEP_CONSENSUS`` | ``1`` | decision consensus on (``0``: rank state only) |
+| ``LOCKSTEP_CONSENSUS`` | ``1`` | decision consensus on (``0``: rank state only); when unset, an explicit ``SGLANG_ENABLE_RANK_CONSENSUS_CHECKER`` decides |
 | ``LOCKSTEP_CONSENSUS_PAUSE_S`` | ``0.05`` | pause between two cross-rank comparisons |
-| ``LOCKSTEP_GLOO_TIMEOUT_S`` | ``600`` | cap on every gloo group's timeout |
+| ``LOCKSTEP_GLOO_TIMEOUT_S`` | ``600`` | cap on every gloo group's timeout (alias ``LOCKSTEP_GLOO_TIMEOUT_SECONDS``) |
 | ``LOCKSTEP_AGENT`` | ``1`` | start the pod agent |
 | ``LOCKSTEP_AGENT_HOST`` / ``_PORT`` | ``0.0.0.0`` / ``8790`` | pod agent address |
 | ``LOCKSTEP_PROBE_TIMEOUT_S`` | ``5`` | ``/lockstep/probe`` default timeout |
@@ -28,6 +28,7 @@ from lockstep_sglang import agent, consensus, gloo_timeout, probe, rank_state
 
 CONSENSUS_ENV = "LOCKSTEP_CONSENSUS"
 CONSENSUS_PAUSE_ENV = "LOCKSTEP_CONSENSUS_PAUSE_S"
+SGLANG_CONSENSUS_ENV = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
 AGENT_ENV = "LOCKSTEP_AGENT"
 PROBE_TIMEOUT_ENV = "LOCKSTEP_PROBE_TIMEOUT_S"
 PROBE_MAX_TIMEOUT_ENV = "LOCKSTEP_PROBE_MAX_TIMEOUT_S"
@@ -72,7 +73,8 @@ class RuntimeConfig:
         env = os.environ if environ is None else environ
         return cls(
             state_dir=Path(env.get(rank_state.STATE_DIR_ENV) or rank_state.DEFAULT_STATE_DIR),
-            consensus=_flag(env, CONSENSUS_ENV, True),
+            # An explicit SGLang switch (the operator may render it) is the default.
+            consensus=_flag(env, CONSENSUS_ENV, _flag(env, SGLANG_CONSENSUS_ENV, True)),
             consensus_pause_s=_seconds(
                 env, CONSENSUS_PAUSE_ENV, consensus.DEFAULT_PAUSE_S, zero_ok=True
             ),

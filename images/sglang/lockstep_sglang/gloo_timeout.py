@@ -22,16 +22,26 @@ from datetime import timedelta
 from typing import Any
 
 TIMEOUT_ENV = "LOCKSTEP_GLOO_TIMEOUT_S"
+# The name the operator's pod builder renders (operator/lockstep/constants.py); accepted
+# until the two sides settle on one.
+TIMEOUT_ENV_ALIAS = "LOCKSTEP_GLOO_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_S = 600.0
 
 
 def timeout_from_env(environ: Mapping[str, str] | None = None) -> timedelta:
-    """The gloo cap from ``LOCKSTEP_GLOO_TIMEOUT_S`` (seconds, > 0)."""
+    """The gloo cap from ``LOCKSTEP_GLOO_TIMEOUT_S`` (or its alias), seconds > 0."""
     env = os.environ if environ is None else environ
-    raw = env.get(TIMEOUT_ENV, "")
-    seconds = float(raw) if raw.strip() else DEFAULT_TIMEOUT_S
+    values = {name: env[name].strip() for name in (TIMEOUT_ENV, TIMEOUT_ENV_ALIAS) if name in env}
+    values = {name: raw for name, raw in values.items() if raw}
+    if len(set(values.values())) > 1:
+        raise ValueError(f"{TIMEOUT_ENV} and {TIMEOUT_ENV_ALIAS} disagree: {values}")
+    name, raw = next(iter(values.items()), (TIMEOUT_ENV, ""))
+    try:
+        seconds = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
     if not seconds > 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
     return timedelta(seconds=seconds)
 
 

@@ -76,9 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = RuntimeConfig.from_env()
     except ValueError as exc:
         return refuse(f"lockstep-sglang refuses to start: {exc}")
-    if config.consensus:
-        # Before any SGLang import: its @rank_consensus decorators read it at import.
-        os.environ[CONSENSUS_SGLANG_ENV] = "1"
+    # Before any SGLang import: its @rank_consensus decorators read it at import.
+    os.environ[CONSENSUS_SGLANG_ENV] = "1" if config.consensus else "0"
     with warnings.catch_warnings():
         # SGLang's import prints CUDA-only warnings (GGUF, AWQ) on CPU machines.
         warnings.simplefilter("ignore")
