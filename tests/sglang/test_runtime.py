@@ -321,8 +321,9 @@ def test_real_decode_loop_without_consensus_hangs_where_the_rank_state_says(
         return {r: (c["op"], c["group"]) if c else None for r, c in states.items()}
 
     # Rank 0 waits in the batch's device all-reduce (inside run_batch); rank 1 idled and
-    # waits in SGLang's broadcast_pyobj of the next iteration's requests.
-    while where() != want:
+    # waits in SGLang's broadcast_pyobj of the next iteration's requests. (A healthy loop
+    # passes through that picture for an instant too, so wait for the divergence first.)
+    while not (short_tmp / "diverged").exists() or where() != want:
         assert time.monotonic() < deadline, (where(), _harness_failure(short_tmp, 2))
         assert all(p.poll() is None for p in procs), _harness_failure(short_tmp, 2)
         time.sleep(0.1)
@@ -408,3 +409,13 @@ def test_settings_accept_what_the_operator_renders() -> None:
         RuntimeConfig.from_env(
             {"LOCKSTEP_GLOO_TIMEOUT_S": "60", "LOCKSTEP_GLOO_TIMEOUT_SECONDS": "90"}
         )
+
+
+def test_launcher_refuses_server_modes_the_probe_cannot_reach() -> None:
+    from lockstep_sglang.launcher import unsupported_mode
+
+    plain = SimpleNamespace(tokenizer_worker_num=1)
+    assert unsupported_mode(plain, {}) is None
+    assert "grpc" in (unsupported_mode(SimpleNamespace(smg_grpc_mode=True), {}) or "")
+    assert "tokenizer" in (unsupported_mode(SimpleNamespace(tokenizer_worker_num=4), {}) or "")
+    assert "RUST" in (unsupported_mode(plain, {"SGLANG_RUST_SERVER": "1"}) or "")

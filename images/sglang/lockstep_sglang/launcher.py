@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from lockstep_sglang import pins
 from lockstep_sglang.config import RuntimeConfig
@@ -58,11 +58,21 @@ def start_agent(config: RuntimeConfig) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd)
 
 
-def unsupported_mode(server_args: object) -> str | None:
-    """Why lockstep cannot guard this server mode, or None when it can."""
+def unsupported_mode(server_args: object, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why lockstep cannot guard this server mode, or None when it can.
+
+    The probe route lives in SGLang's Python HTTP server and its answer comes back
+    through the single tokenizer manager; a server without them would fail every deep
+    probe and be restarted forever, so it is refused up front.
+    """
     for flag in ("encoder_only", "smg_grpc_mode", "grpc_mode", "use_ray"):
         if getattr(server_args, flag, False):
             return f"--{flag.replace('_', '-')} is not supported (lockstep guards the HTTP server)"
+    if int(getattr(server_args, "tokenizer_worker_num", 1) or 1) > 1:
+        return "--tokenizer-worker-num above 1 is not supported (the probe needs one tokenizer)"
+    env = os.environ if environ is None else environ
+    if env.get("SGLANG_RUST_SERVER", "").strip().lower() in {"1", "true", "yes", "on"}:
+        return "SGLANG_RUST_SERVER is not supported (the probe route is in the Python server)"
     return None
 
 
