@@ -42,7 +42,7 @@ def _selected_here(items: list[pytest.Item]) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if not _selected_here(session.items) or _binary or _build_error:
+    if session.config.option.collectonly or not _selected_here(session.items):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     started = time.monotonic()
