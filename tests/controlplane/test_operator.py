@@ -22,20 +22,12 @@ from harness import (
     VERSION,
     FakeKubelet,
     OperatorProcess,
-    install_crd,
     wait_for,
 )
 from kubernetes import client as k8s
 from lockstep.localcluster.controlplane import LocalControlPlane
 
 NAME = "qwen-small"
-
-
-@pytest.fixture(scope="module")
-def cp() -> Iterator[LocalControlPlane]:
-    with LocalControlPlane() as plane:
-        install_crd(plane)
-        yield plane
 
 
 @dataclass
@@ -68,8 +60,10 @@ class Env:
 
 
 @pytest.fixture
-def env(cp: LocalControlPlane, tmp_path: Path) -> Iterator[Env]:
-    ns = cp.new_namespace()
+def env(controlplane: LocalControlPlane, namespace: str, tmp_path: Path) -> Iterator[Env]:
+    # The session control plane has the CRD from its start, so the garbage collector
+    # knows the kind at once (a CRD installed later takes it up to a minute).
+    cp, ns = controlplane, namespace
     api = cp.api_client()
     kubelet = FakeKubelet(api, ns).start()
     operator = OperatorProcess(cp.kubeconfig, ns, tmp_path / "operator.log").start()
