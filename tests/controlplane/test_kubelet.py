@@ -15,8 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from factories import pdd_obj
+from lockstep.builders import build_group_pods, dist_port
 from lockstep.localcluster import LocalControlPlane
 from lockstep.localcluster.kubelet import GPU_PRODUCT_LABEL, NodeShape, ProcessKubelet
+from lockstep.models import parse_pddeployment
+from lockstep.policy import evaluate
 
 WAIT = 30.0
 GATE = "lockstep.dev/group-healthy"
@@ -30,7 +34,8 @@ SERVER = """
 import http.server, json, os, pathlib, signal, sys
 ip, pod_dir = os.environ["LOCKSTEP_POD_IP"], pathlib.Path(os.environ["LOCKSTEP_POD_DIR"])
 mode = os.environ.get("MODE", "")
-keys = ["LOCKSTEP_POD_IP", "LOCKSTEP_POD_DIR", "POD_NAME", "POD_UID", "GREETING", "PATH"]
+keys = ["LOCKSTEP_POD_IP", "LOCKSTEP_POD_DIR", "LOCKSTEP_POD_NAME", "POD_NAME", "POD_UID",
+        "GREETING", "PATH"]
 record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}
 (pod_dir / "record.json").write_text(json.dumps(record))
 if mode == "exit-once" and not (pod_dir / "exited").exists():
@@ -82,7 +87,7 @@ def kubelet(
         node_prefix="kubelet-test-gpu",
         root_dir=tmp_path_factory.mktemp("kubelet"),
         address_pool="127.0.96.0/24",
-        commands={"lockstep-sglang": (sys.executable, "-c", SERVER)},
+        commands={("lockstep-sglang",): (sys.executable, "-c", SERVER)},
         heartbeat_seconds=1.0,
         backoff_initial=0.5,
         backoff_max=2.0,
@@ -308,6 +313,35 @@ def test_dist_init_addr_host_becomes_the_rank0_pod_ip(
             "--nnodes",
             "2",
         ]
+
+
+@pytest.mark.timeout(60)
+def test_the_operators_group_pods_run_with_the_rendezvous_and_host_made_local(
+    kubelet: ProcessKubelet, pods: Pods, namespace: str
+) -> None:
+    # A two-pod decode group exactly as the operator builds it (no owner: nothing to
+    # garbage-collect it), created through the API server.
+    obj = pdd_obj(decode={"tp": 2, "gpusPerPod": 1, "podsPerGroup": 2})
+    obj["metadata"] = {"name": "m", "namespace": namespace}
+    pdd = parse_pddeployment(obj)
+    group = build_group_pods(pdd, "decode", 0, 3, evaluate(pdd.spec).roles["decode"])
+    for body in group:
+        pods.create(body)
+    names = [body["metadata"]["name"] for body in group]
+
+    records = [record_of(kubelet, namespace, name) for name in names]
+    ip0 = kubelet.address_of(namespace, names[0])
+    assert ip0 is not None
+    for name, record in zip(names, records, strict=True):
+        argv = record["argv"]
+        assert argv[argv.index("--dist-init-addr") + 1] == f"{ip0}:{dist_port(3)}"
+        assert argv[argv.index("--host") + 1] == kubelet.address_of(namespace, name)
+        assert record["env"]["LOCKSTEP_POD_NAME"] == name
+        found = pods.get(name)
+        assert found is not None and found["spec"]["nodeName"] in kubelet.node_names
+    # Nothing answers the operator's probe ports here: running, never Ready.
+    assert pods.status(names[1])["phase"] == "Running"
+    assert not pods.ready(names[1])
 
 
 @pytest.mark.timeout(60)

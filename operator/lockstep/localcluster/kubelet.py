@@ -18,12 +18,16 @@ Typical use::
     with LocalControlPlane(extensions=[kubelet]):
         ...
 
-What a container becomes (`COMMANDS` is the default table; pass `commands=` to change it):
+What a container becomes (`COMMANDS` is the default table; pass `commands=` to change it;
+its keys are leading words of command + args, so `("python3", "-m", "sglang_router...")`
+can map one program without mapping every `python3`):
 
 - command `["lockstep-sglang"]` runs `[sys.executable, "-m", "lockstep_sglang.standin",
   *args]`, the CPU stand-in of the SGLang image; the image itself is ignored;
 - any other command runs as written when its executable exists here; otherwise the
   container stays Waiting with reason `ContainerCannotRun` and a message naming it;
+- every pod shares this machine's network, so a wildcard `--host 0.0.0.0` (or `::`)
+  becomes `--host <pod IP>`;
 - there is no cluster DNS, so the host of `--dist-init-addr HOST:PORT` is replaced by the
   pod IP of the pod named by HOST's first DNS label in the same namespace (the start
   waits for that pod to have an IP);
@@ -67,10 +71,14 @@ from lockstep.localcluster.controlplane import LocalControlPlane
 
 Obj = dict[str, Any]
 
-COMMANDS: Mapping[str, tuple[str, ...]] = {
-    "lockstep-sglang": (sys.executable, "-m", "lockstep_sglang.standin"),
+CommandTable = Mapping[tuple[str, ...], Sequence[str]]
+"""Leading words of a container's command + args -> the local argv that replaces them
+(the longest matching key wins; the remaining words follow)."""
+
+COMMANDS: CommandTable = {
+    ("lockstep-sglang",): (sys.executable, "-m", "lockstep_sglang.standin"),
 }
-"""Container executable -> local argv prefix; the container's own args follow."""
+"""The default table: the SGLang image's entry point runs the CPU stand-in."""
 
 INHERITED_ENV: tuple[str, ...] = (
     "PATH",
@@ -102,6 +110,7 @@ _TICK_SECONDS = 0.1
 _WATCH_SECONDS = 30
 _REQUEST_TIMEOUT = 10.0
 _LEASE_SECONDS = 40
+_RESEND_SECONDS = 30.0
 
 
 class KubeletError(RuntimeError):
@@ -288,7 +297,7 @@ def container_env(
 def local_argv(
     container: Mapping[str, Any],
     env: Mapping[str, str],
-    commands: Mapping[str, Sequence[str]],
+    commands: CommandTable,
 ) -> list[str]:
     """The argv that runs a container here, before `--dist-init-addr` is resolved.
 
@@ -302,18 +311,21 @@ def local_argv(
             f"container {name} has no command; the entrypoint of image "
             f"{container.get('image', '?')} has no local mapping"
         )
+    words = [*command, *args]
+    matches = [key for key in commands if key and tuple(words[: len(key)]) == key]
+    if matches:
+        key = max(matches, key=len)
+        return [*commands[key], *words[len(key) :]]
     executable = command[0]
-    if executable in commands:
-        return [*commands[executable], *command[1:], *args]
     if "/" in executable:
         found = executable if os.path.isfile(executable) and os.access(executable, os.X_OK) else ""
     else:
         found = shutil.which(executable, path=env.get("PATH")) or ""
     if not found:
+        mapped = sorted(" ".join(key) for key in commands) or "none"
         raise CannotRun(
             f"container {name}: command {command!r} is not mapped by the process kubelet "
-            f"(mapped: {', '.join(sorted(commands)) or 'none'}) and {executable!r} is not "
-            "an executable on this machine"
+            f"(mapped: {mapped}) and {executable!r} is not an executable on this machine"
         )
     return [*command, *args]
 
@@ -354,6 +366,23 @@ def with_dist_init_ip(argv: Sequence[str], ip: str) -> list[str]:
         return out
     index, _, port = target
     out[index] = f"{DIST_INIT_FLAG}={ip}:{port}" if out[index].startswith("--") else f"{ip}:{port}"
+    return out
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
+HOST_FLAG = "--host"
+
+
+def with_pod_host(argv: Sequence[str], ip: str) -> list[str]:
+    """`argv` with a wildcard `--host` (0.0.0.0, ::) replaced by the pod's address: in a
+    pod the wildcard means the pod's own addresses, and here every pod shares the host's
+    network, so two pods binding 0.0.0.0 on one port would collide."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == HOST_FLAG and i + 1 < len(out) and out[i + 1] in WILDCARD_HOSTS:
+            out[i + 1] = ip
+        elif arg.startswith(HOST_FLAG + "=") and arg.split("=", 1)[1] in WILDCARD_HOSTS:
+            out[i] = f"{HOST_FLAG}={ip}"
     return out
 
 
@@ -514,7 +543,7 @@ class ProcessKubelet:
         shape: NodeShape | None = None,
         root_dir: Path | None = None,
         address_pool: str = "127.0.64.0/18",
-        commands: Mapping[str, Sequence[str]] = COMMANDS,
+        commands: CommandTable = COMMANDS,
         inherit_env: Sequence[str] = INHERITED_ENV,
         extra_env: Mapping[str, str] | None = None,
         heartbeat_seconds: float = 10.0,
@@ -550,7 +579,7 @@ class ProcessKubelet:
         self._pods: dict[tuple[str, str], Obj] = {}  # every pod seen, by (namespace, name)
         self._groups: set[int] = set()  # process groups alive, for the safety nets
         self._threads: list[threading.Thread] = []
-        self._watch_response: httpx.Response | None = None
+        self._watch_socket: socket.socket | None = None
         self._ready_since = time.time()
         self._started = False
         self.errors: list[str] = []
@@ -611,9 +640,10 @@ class ProcessKubelet:
         if not self._started:
             return
         self._stopping.set()
+        # Shutting the watch's socket down ends its blocking read at once.
         with contextlib.suppress(Exception):
-            if self._watch_response is not None:
-                self._watch_response.close()
+            if self._watch_socket is not None:
+                self._watch_socket.shutdown(socket.SHUT_RDWR)
         with self._lock:
             workers = list(self._workers.values())
         for worker in workers:
@@ -852,7 +882,10 @@ class ProcessKubelet:
         }
         timeout = httpx.Timeout(_REQUEST_TIMEOUT, read=_WATCH_SECONDS + 15.0)
         with http.stream("GET", "/api/v1/pods", params=params, timeout=timeout) as response:
-            self._watch_response = response
+            stream = response.extensions.get("network_stream")
+            self._watch_socket = stream.get_extra_info("socket") if stream else None
+            if self._stopping.is_set():
+                return version
             if response.status_code == 410:
                 raise _Gone()
             if not response.is_success:
@@ -891,7 +924,10 @@ class ProcessKubelet:
                 and uid not in self._finished
                 and not self._stopping.is_set()
                 and (pod.get("spec") or {}).get("nodeName") in self.node_names
-                and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                and (
+                    meta.get("deletionTimestamp")
+                    or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                )
             ):
                 worker = _PodWorker(self, pod)
                 self._workers[uid] = worker
@@ -1012,6 +1048,7 @@ class _PodWorker(threading.Thread):
         self._start_time = rfc3339(time.time())
         self._transitions: dict[str, tuple[bool, str]] = {}
         self._last_sent: Obj | None = None
+        self._last_sent_at = 0.0
         previous = {s["name"]: s for s in (pod.get("status") or {}).get("containerStatuses") or []}
         self._containers: list[_Container] = []
         for i, spec in enumerate(pod["spec"]["containers"]):
@@ -1119,20 +1156,18 @@ class _PodWorker(threading.Thread):
                 now = time.monotonic()
                 if container.rendezvous_since is None:
                     container.rendezvous_since = now
-                waited = now - container.rendezvous_since
-                reason = (
-                    "CreateContainerConfigError"
-                    if waited > kubelet.rendezvous_timeout
-                    else "ContainerCreating"
-                )
-                container.waiting = (
-                    reason,
-                    f"waiting {waited:.0f}s for the IP of pod {peer} ({DIST_INIT_FLAG} "
-                    f"{target[1]}:{target[2]})",
-                )
+                what = f"the IP of pod {peer} ({DIST_INIT_FLAG} {target[1]}:{target[2]})"
+                # Past the bound the wait goes on (the pod may still come), but the
+                # status says it is stuck, as a kubelet does for a missing ConfigMap.
+                if now - container.rendezvous_since > kubelet.rendezvous_timeout:
+                    limit = f"{kubelet.rendezvous_timeout:g}s"
+                    container.waiting = ("CreateContainerConfigError", f"no {what} after {limit}")
+                else:
+                    container.waiting = ("ContainerCreating", f"waiting for {what}")
                 return
             argv = with_dist_init_ip(argv, ip)
         container.rendezvous_since = None
+        argv = with_pod_host(argv, self.ip)
         _rotate(container.log_path)
         started = time.time()
         with open(container.log_path, "ab") as log:
@@ -1260,7 +1295,8 @@ class _PodWorker(threading.Thread):
             "conditions": conditions,
             "containerStatuses": [v.status() for v in views],
         }
-        if status == self._last_sent:
+        # Unchanged status is sent again now and then, in case another writer replaced it.
+        if status == self._last_sent and time.monotonic() - self._last_sent_at < _RESEND_SECONDS:
             return
         # The uid in the patch is a precondition: a pod recreated under the same name
         # (the next epoch) never receives this incarnation's status.
@@ -1274,6 +1310,7 @@ class _PodWorker(threading.Thread):
             return
         _ok(response, f"status of pod {self.namespace}/{self.name}")
         self._last_sent = status
+        self._last_sent_at = time.monotonic()
 
     def _terminate(self, http: httpx.Client, gone: bool) -> None:
         """SIGTERM every container's group, SIGKILL after the grace period, then remove
