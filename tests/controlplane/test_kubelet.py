@@ -414,6 +414,36 @@ def test_deleting_a_pod_stops_its_process_within_the_grace_period(
     assert ips.isdisjoint(kubelet.address_of(namespace, n) for n in ("polite", "stubborn"))
 
 
+@pytest.mark.timeout(60)
+def test_stopping_the_kubelet_kills_its_processes_even_when_the_caller_fails(
+    controlplane: LocalControlPlane,
+    kubelet: ProcessKubelet,
+    pods: Pods,
+    namespace: str,
+    http: httpx.Client,
+) -> None:
+    # A second kubelet with a node of its own; the pod is pinned to that node.
+    other = ProcessKubelet(
+        controlplane,
+        node_prefix="kubelet-stop-gpu",
+        address_pool="127.0.97.0/24",
+        commands={("lockstep-sglang",): (sys.executable, "-c", SERVER)},
+    )
+    body = pod("orphan")
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": other.node_names[0]}
+    with pytest.raises(RuntimeError, match="caller failed"), other:
+        pods.create(body)
+        wait_until(lambda: pods.container_status("orphan").get("ready"), "ready")
+        pid = other.processes()[(namespace, "orphan")]
+        root = other.root_dir
+        raise RuntimeError("caller failed")
+
+    wait_until(lambda: not alive(pid), "the pod's process killed", timeout=5)
+    assert not root.exists()
+    assert http.get(f"/api/v1/nodes/{other.node_names[0]}").status_code == 404
+    assert (namespace, "orphan") not in kubelet.processes()
+
+
 @pytest.mark.timeout(30)
 def test_an_unmapped_command_cannot_run_and_says_why(
     kubelet: ProcessKubelet, pods: Pods, namespace: str
