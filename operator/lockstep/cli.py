@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the PDDeployment CRD")
     crd.set_defaults(func=cmd_crd)
 
+    from lockstep.dev.cli import add_parser as add_dev_parser
+
+    add_dev_parser(sub)
+
     op = sub.add_parser("operator", help="run the operator (kopf) against the current cluster")
     op.add_argument(
         "--namespace", action="append", help="watch this namespace (repeatable; default: all)"

@@ -1,0 +1,418 @@
+"""Incident drills on the local cluster: inject a fault, watch lockstep handle it, judge.
+
+Each scenario runs on a fresh `DevCluster` with the drill deployment
+(`examples/local-drill.yaml`: one prefill group, two decode groups of TP2 spanning two
+pods each), sends traffic to every Ready group the whole time (as a router would), injects
+its fault into decode group 0 (both decode groups for `concurrent`), waits for the
+expected outcome with a hard bound, and returns figures: verdict, time to detect (from the
+injection and from the first failed probe), time to recover, requests sent and failed per
+group (and for the affected group before and after its drain), restarts per group, and
+the incidents. `passed` is True only when the scenario's expected outcome happened.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lockstep import constants as c
+from lockstep.dev.cluster import DevCluster, wait_for
+from lockstep.dev.faults import FaultKind, inject
+from lockstep.dev.traffic import Traffic, ready_leaders
+from lockstep.localcluster.controlplane import repo_root
+
+SCENARIOS = (
+    "desync",
+    "hang",
+    "rank-kill",
+    "pod-delete",
+    "slow",
+    "flapping",
+    "operator-crash",
+    "concurrent",
+)
+NAMESPACE = "lockstep-drill"
+NAME = "drill"
+AFFECTED = "decode/0"
+RESTARTING_STEPS = ("Deleting", "WaitingGone", "Creating", "WaitingProbe", "Readmitting")
+
+Observer = Callable[["Drill", str], None]
+
+
+def drill_spec(**spec_overrides: Any) -> dict[str, Any]:
+    """The drill deployment (examples/local-drill.yaml), with spec keys overridden."""
+    root = repo_root()
+    assert root is not None
+    obj: dict[str, Any] = yaml.safe_load((root / "examples/local-drill.yaml").read_text())
+    obj["metadata"]["namespace"] = NAMESPACE
+    for key, value in spec_overrides.items():
+        if isinstance(value, dict) and isinstance(obj["spec"].get(key), dict):
+            obj["spec"][key] = {**obj["spec"][key], **value}
+        else:
+            obj["spec"][key] = value
+    return obj
+
+
+def ts(rfc3339: str | None) -> float | None:
+    """RFC 3339 (as the operator writes it) to a UNIX time."""
+    if not rfc3339:
+        return None
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class DrillResult:
+    """What a drill saw; `passed` says whether the expected outcome happened."""
+
+    scenario: str
+    passed: bool = False
+    reason: str = ""
+    verdict: str | None = None
+    injected_at: float | None = None
+    time_to_detect_s: float | None = None  # injection -> verdict
+    probe_time_to_detect_s: float | None = None  # first failed probe -> verdict (operator)
+    time_to_recover_s: float | None = None  # verdict -> re-admission (operator share)
+    requests: dict[str, dict[str, int]] = field(default_factory=dict)
+    affected_failed_before_drain: int = 0
+    affected_failed_after_drain: int = 0
+    other_groups_failed: int = 0
+    restarts: dict[str, int] = field(default_factory=dict)
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+class Drill:
+    """One scenario on one fresh local cluster."""
+
+    def __init__(
+        self,
+        scenario: str,
+        *,
+        workdir: Path | None = None,
+        observer: Observer | None = None,
+        timeout_s: float = 240.0,
+    ) -> None:
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+        self.scenario = scenario
+        self._own_dir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"lockstep-drill-{scenario}-"))
+        self.observer = observer
+        self.timeout_s = timeout_s
+        self.cluster = DevCluster(self.workdir)
+        self.traffic: Traffic | None = None
+        self.result = DrillResult(scenario)
+        self.drained_at: float | None = None
+        self.samples: list[dict[str, str]] = []  # group -> step, per poll (concurrency)
+
+    # ----------------------------------------------------------------- helpers
+
+    def note(self, text: str) -> None:
+        self.result.notes.append(text)
+        if self.observer is not None:
+            self.observer(self, text)
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.cluster.pdd(NAMESPACE, NAME).get("status") or {})
+
+    def records(self) -> dict[str, Any]:
+        meta = self.cluster.pdd(NAMESPACE, NAME)["metadata"]
+        return dict(json.loads((meta.get("annotations") or {}).get("lockstep.dev/groups", "{}")))
+
+    def group(self, key: str) -> dict[str, Any]:
+        role, index = key.split("/")
+        for g in (self.status().get(role) or {}).get("groups") or []:
+            if g["index"] == int(index):
+                return dict(g)
+        return {}
+
+    def all_healthy(self) -> bool:
+        st = self.status()
+        spec = self.cluster.pdd(NAMESPACE, NAME)["spec"]
+        want_p, want_d = spec["prefill"]["replicas"], spec["decode"]["replicas"]
+        return bool(
+            st.get("prefillReady") == f"{want_p}/{want_p}"
+            and st.get("decodeReady") == f"{want_d}/{want_d}"
+        )
+
+    def uids(self, key: str) -> set[str]:
+        role, index = key.split("/")
+        sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index}"
+        return {p["metadata"]["uid"] for p in self.cluster.pods(NAMESPACE, sel)}
+
+    def poll(self) -> None:
+        """Called while waiting: notes the drain time, samples the recovery steps."""
+        recs = self.records()
+        self.samples.append({k: str(v.get("step", "Healthy")) for k, v in recs.items()})
+        if self.drained_at is None:
+            step = recs.get(AFFECTED, {}).get("step")
+            if step in ("CapturingEvidence", "AwaitingRestart", *RESTARTING_STEPS):
+                self.drained_at = time.time()
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        def check() -> Any:
+            self.poll()
+            return predicate()
+
+        return wait_for(check, timeout, what, poll=0.25)
+
+    def inject(self, kind: FaultKind, key: str = AFFECTED, **kw: Any) -> None:
+        assert self.cluster.kubelet is not None
+        role, index = key.split("/")
+        root = self.workdir / "kubelet"
+        text = inject(self.cluster.core(), root, NAMESPACE, NAME, role, int(index), kind, **kw)
+        self.note(text)
+
+    def incident(self, key: str = AFFECTED, closed: bool = True) -> dict[str, Any] | None:
+        role, index = key.split("/")
+        for inc in reversed(self.status().get("incidents") or []):
+            mine = inc["role"] == role and inc["group"] == int(index)
+            if mine and (not closed or inc["state"] == "Closed"):
+                return dict(inc)
+        return None
+
+    # ------------------------------------------------------------------- run
+
+    def run(self) -> DrillResult:
+        started = time.time()
+        try:
+            self.cluster.start()
+            self.note("local cluster up: control plane, process kubelet, operator")
+            self.cluster.apply(drill_spec(**self.spec_overrides()))
+            self.note("applied the drill PDDeployment; waiting for every group to be healthy")
+            self.wait(self.all_healthy, 240, "every group healthy")
+            self.note("every group healthy; traffic on")
+            self.traffic = Traffic(
+                lambda: ready_leaders(self.cluster.pods(NAMESPACE, f"{c.LABEL_DEPLOYMENT}={NAME}"))
+            ).start()
+            time.sleep(3)
+            getattr(self, "_" + self.scenario.replace("-", "_"))()
+            time.sleep(3)
+        except (TimeoutError, RuntimeError, AssertionError) as err:
+            self.result.passed = False
+            self.result.reason = str(err)
+        finally:
+            if self.traffic is not None:
+                self.traffic.stop()
+                self._figures()
+            try:
+                self.result.incidents = list(self.status().get("incidents") or [])
+                self.result.restarts = self._restarts()
+            except Exception as err:  # the cluster may be gone after a failure
+                self.result.notes.append(f"could not read final status: {err}")
+            self.cluster.stop()
+            self.result.duration_s = round(time.time() - started, 1)
+            if self._own_dir and self.result.passed:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        return self.result
+
+    def spec_overrides(self) -> dict[str, Any]:
+        if self.scenario == "flapping":
+            return {
+                "recovery": {
+                    "budget": {"restarts": 2, "windowSeconds": 600},
+                    "backoff": {"baseSeconds": 0, "maxSeconds": 0},
+                }
+            }
+        return {}
+
+    def _restarts(self) -> dict[str, int]:
+        out = {}
+        for role in c.ROLES:
+            for g in (self.status().get(role) or {}).get("groups") or []:
+                out[f"{role}/{g['index']}"] = int(g.get("restarts", 0))
+        return out
+
+    def _figures(self) -> None:
+        assert self.traffic is not None
+        r = self.result
+        r.requests = {
+            k: {"sent": s.sent, "failed": s.failed} for k, s in sorted(self.traffic.stats().items())
+        }
+        r.other_groups_failed = sum(
+            s.failed
+            for k, s in self.traffic.stats().items()
+            if k != AFFECTED and not (self.scenario == "concurrent" and k == "decode/1")
+        )
+        if r.injected_at is not None:
+            drained = self.drained_at or time.time()
+            before = self.traffic.stats(r.injected_at, drained).get(AFFECTED)
+            after = self.traffic.stats(drained).get(AFFECTED)
+            r.affected_failed_before_drain = before.failed if before else 0
+            r.affected_failed_after_drain = after.failed if after else 0
+
+    def _expect_restart(self, verdict: str, kind: FaultKind) -> None:
+        before = self.uids(AFFECTED)
+        epoch = int(self.group(AFFECTED).get("epoch", 0))
+        self.result.injected_at = time.time()
+        self.inject(kind)
+        self.wait(lambda: self.incident(AFFECTED, closed=False), 60, "a verdict on decode/0")
+        opened = self.incident(AFFECTED, closed=False) or {}
+        self.note(f"verdict {opened.get('verdict')}: drain, evidence, whole-group restart")
+        inc = self.wait(lambda: self.incident(AFFECTED), self.timeout_s, "decode/0 re-admitted")
+        self.note(f"decode/0 re-admitted in epoch {self.group(AFFECTED).get('epoch')}")
+        self._judge_incident(inc)
+        after = self.uids(AFFECTED)
+        checks = [
+            (inc["verdict"] == verdict, f"verdict {inc['verdict']}, expected {verdict}"),
+            (int(self.group(AFFECTED)["epoch"]) == epoch + 1, "the group is in the next epoch"),
+            (len(after) == 2 and not after & before, "every pod of the group was recreated"),
+        ]
+        self._conclude(checks)
+
+    def _judge_incident(self, inc: dict[str, Any]) -> None:
+        r = self.result
+        if not inc:
+            return
+        r.verdict = inc["verdict"]
+        detected = ts(inc.get("detectedTime"))
+        if detected is not None and r.injected_at is not None:
+            r.time_to_detect_s = round(detected - r.injected_at, 3)
+        r.probe_time_to_detect_s = inc.get("timeToDetectSeconds")
+        r.time_to_recover_s = inc.get("timeToRecoverSeconds")
+
+    def _conclude(self, checks: list[tuple[bool, str]]) -> None:
+        self._figures_now()
+        if self.result.other_groups_failed:
+            checks.append(
+                (False, f"{self.result.other_groups_failed} requests to other groups failed")
+            )
+        failed = [why for ok, why in checks if not ok]
+        self.result.passed = not failed
+        self.result.reason = "; ".join(failed) or "expected outcome"
+
+    def _figures_now(self) -> None:
+        if self.traffic is not None:
+            self._figures()
+
+    # -------------------------------------------------------------- scenarios
+
+    def _desync(self) -> None:
+        self._expect_restart("Desynced", "desync")
+
+    def _hang(self) -> None:
+        self._expect_restart("Hung", "hang")
+
+    def _rank_kill(self) -> None:
+        self._expect_restart("RankDown", "kill-rank")
+
+    def _pod_delete(self) -> None:
+        self._expect_restart("RankDown", "delete-pod")
+
+    def _slow(self) -> None:
+        before = self.uids(AFFECTED)
+        self.result.injected_at = time.time()
+        self.inject("slow", step_seconds=2.0)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            self.poll()
+            time.sleep(0.5)
+        self.inject("none")
+        checks = [
+            (not self.status().get("incidents"), "no incident"),
+            (self.uids(AFFECTED) == before, "no pod restarted"),
+            (int(self.group(AFFECTED).get("restarts", 0)) == 0, "no group restart"),
+        ]
+        self._conclude(checks)
+
+    def _flapping(self) -> None:
+        self.result.injected_at = time.time()
+        for attempt in range(1, 4):
+            self.inject("desync")
+            if attempt <= 2:
+
+                def restarted(n: int = attempt) -> bool:
+                    g = self.group(AFFECTED)
+                    return int(g.get("restarts", 0)) >= n and g.get("state") == "Healthy"
+
+                self.wait(restarted, self.timeout_s, f"restart {attempt} done")
+                self.note(f"restart {attempt} of the budget (2) done; the group fails again")
+        self.wait(lambda: self.group(AFFECTED).get("state") == "Quarantined", 90, "quarantine")
+        self.note("decode/0 quarantined: budget spent, deployment Degraded, no restart storm")
+        time.sleep(10)
+        conditions = {x["type"]: x for x in self.status().get("conditions") or []}
+        checks = [
+            (self.group(AFFECTED).get("state") == "Quarantined", "the group stays quarantined"),
+            (int(self.group(AFFECTED).get("restarts", 0)) == 2, "exactly the budget of restarts"),
+            (conditions.get("Degraded", {}).get("status") == "True", "deployment Degraded"),
+        ]
+        inc = self.incident(AFFECTED) or {}
+        if inc:
+            self._judge_incident(inc)
+        self._conclude(checks)
+
+    def _operator_crash(self) -> None:
+        assert self.cluster.operator is not None
+        self.result.injected_at = time.time()
+        self.inject("desync")
+        self.wait(
+            lambda: self.records().get(AFFECTED, {}).get("step") in RESTARTING_STEPS,
+            60,
+            "the restart under way",
+        )
+        step = self.records()[AFFECTED]["step"]
+        self.cluster.operator.kill()
+        self.note(f"operator killed (SIGKILL) in step {step}; starting it again")
+        time.sleep(2)
+        self.cluster.operator.start()
+        inc = self.wait(lambda: self.incident(AFFECTED), self.timeout_s, "recovery finished")
+        self._judge_incident(inc)
+        incidents = [
+            i
+            for i in self.status().get("incidents") or []
+            if i["group"] == 0 and i["role"] == "decode"
+        ]
+        checks = [
+            (int(self.group(AFFECTED)["restarts"]) == 1, "one restart, not two"),
+            (int(self.group(AFFECTED)["epoch"]) == 1, "one new epoch"),
+            (len(incidents) == 1, "one incident"),
+        ]
+        self._conclude(checks)
+
+    def _concurrent(self) -> None:
+        self.result.injected_at = time.time()
+        self.inject("desync", "decode/0")
+        self.inject("desync", "decode/1")
+        self.wait(
+            lambda: all(self.incident(k) for k in ("decode/0", "decode/1")),
+            self.timeout_s * 2,
+            "both decode groups recovered",
+        )
+        both = [
+            s
+            for s in self.samples
+            if sum(s.get(k) in RESTARTING_STEPS for k in ("decode/0", "decode/1")) > 1
+        ]
+        reasons = {e.get("reason") for e in self.cluster.events(NAMESPACE)}
+        self._judge_incident(self.incident("decode/0") or {})
+        checks = [
+            (not both, "never two decode groups restarting at once"),
+            ("RestartDeferred" in reasons, "the second restart was deferred"),
+            (
+                int(self.group("decode/0")["epoch"]) == 1
+                and int(self.group("decode/1")["epoch"]) == 1,
+                "both groups restarted once",
+            ),
+        ]
+        self._conclude(checks)
+
+
+def run_drill(scenario: str, **kw: Any) -> DrillResult:
+    """Run one scenario on a fresh local cluster."""
+    return Drill(scenario, **kw).run()
+
+
+__all__ = ["SCENARIOS", "Drill", "DrillResult", "run_drill"]

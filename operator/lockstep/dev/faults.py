@@ -1,0 +1,87 @@
+"""Faults for drills, injected the way they happen: into the stand-in ranks of one group
+(decisions, collectives, step time via the pod's `fault.json`), into their processes
+(SIGKILL, SIGSTOP via the pod's `ranks.json`), or through the API (pod delete).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any, Literal
+
+from kubernetes import client as k8s
+
+from lockstep import constants as c
+
+FaultKind = Literal["desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none"]
+
+
+def pod_dir(kubelet_root: Path, pod: dict[str, Any]) -> Path:
+    """The current incarnation's directory of a pod (the process kubelet's layout)."""
+    meta = pod["metadata"]
+    return kubelet_root / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+def group_pods(
+    core: k8s.CoreV1Api, namespace: str, deployment: str, role: str, group: int
+) -> list[dict[str, Any]]:
+    """The live pods of one group, rank 0 first."""
+    sel = f"{c.LABEL_DEPLOYMENT}={deployment},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={group}"
+    api = core.api_client
+    pods: list[dict[str, Any]] = [
+        api.sanitize_for_serialization(p)
+        for p in core.list_namespaced_pod(namespace, label_selector=sel).items
+    ]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    live.sort(key=lambda p: int(p["metadata"].get("labels", {}).get(c.LABEL_RANK, "0")))
+    return live
+
+
+def rank_pids(directory: Path) -> list[tuple[int, int]]:
+    """(global rank, pid) of the stand-in ranks of a pod."""
+    data = json.loads((directory / "ranks.json").read_text())
+    return [(int(r["rank"]), int(r["pid"])) for r in data["ranks"]]
+
+
+def inject(
+    core: k8s.CoreV1Api,
+    kubelet_root: Path,
+    namespace: str,
+    deployment: str,
+    role: str,
+    group: int,
+    kind: FaultKind,
+    *,
+    step_seconds: float = 4.0,
+) -> str:
+    """Inject a fault into one group; returns a one-line description."""
+    pods = group_pods(core, namespace, deployment, role, group)
+    if not pods:
+        raise RuntimeError(f"{role}/{group} of {namespace}/{deployment} has no pods")
+    last = pods[-1]
+    dirs = [pod_dir(kubelet_root, p) for p in pods]
+    if kind in ("desync", "hang", "slow", "none"):
+        # desync/hang: one rank (the group's last) misbehaves; slow: every rank.
+        victim = max(r for r, _ in rank_pids(dirs[-1])) if kind in ("desync", "hang") else None
+        fault = {
+            "kind": kind,
+            "ranks": None if victim is None else [victim],
+            "step_seconds": step_seconds,
+        }
+        for d in dirs:
+            tmp = d / "fault.json.tmp"
+            tmp.write_text(json.dumps(fault))
+            tmp.replace(d / "fault.json")
+        who = "every rank" if victim is None else f"rank {victim}"
+        return f"{kind} injected into {role}/{group} ({who})"
+    if kind in ("kill-rank", "stall-rank"):
+        rank, pid = max(rank_pids(dirs[-1]))
+        os.kill(pid, signal.SIGKILL if kind == "kill-rank" else signal.SIGSTOP)
+        verb = "killed" if kind == "kill-rank" else "stopped (SIGSTOP)"
+        return f"{verb} rank {rank} (pid {pid}) of {role}/{group} in {last['metadata']['name']}"
+    if kind == "delete-pod":
+        core.delete_namespaced_pod(last["metadata"]["name"], namespace)
+        return f"deleted pod {last['metadata']['name']} of {role}/{group}"
+    raise ValueError(f"unknown fault {kind!r}")

@@ -1,0 +1,114 @@
+"""The live view of a drill (rich): groups, traffic and what lockstep did, as it happens."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from lockstep import constants as c
+from lockstep.dev.drills import Drill, DrillResult
+
+STATE_STYLE = {
+    "Healthy": "green",
+    "Starting": "cyan",
+    "Recovering": "yellow",
+    "Suspect": "yellow",
+    "Desynced": "red",
+    "Hung": "red",
+    "RankDown": "red",
+    "Quarantined": "magenta",
+}
+
+
+def snapshot(drill: Drill) -> Group:
+    """The current picture: one row per group, then the drill's log."""
+    table = Table(title=f"lockstep drill: {drill.scenario}", expand=True)
+    for col in (
+        "group",
+        "state",
+        "epoch",
+        "restarts",
+        "pods ready",
+        "last probe",
+        "requests ok",
+        "failed",
+    ):
+        table.add_column(col)
+    try:
+        status = drill.status()
+    except Exception:
+        status = {}
+    stats = drill.traffic.stats() if drill.traffic is not None else {}
+    for role in c.ROLES:
+        for g in (status.get(role) or {}).get("groups") or []:
+            key = f"{role}/{g['index']}"
+            probe = g.get("lastProbe") or {}
+            probe_text = (
+                f"ok {probe.get('latencyMs', 0):.0f} ms"
+                if probe.get("ok")
+                else str(probe.get("error") or "-")[:30]
+            )
+            s = stats.get(key)
+            style = STATE_STYLE.get(g["state"], "white")
+            table.add_row(
+                key,
+                f"[{style}]{g['state']}[/]",
+                str(g["epoch"]),
+                str(g["restarts"]),
+                f"{g['readyPods']}/{g['pods']}",
+                probe_text,
+                str(s.ok if s else 0),
+                str(s.failed if s else 0),
+            )
+    log = "\n".join(drill.result.notes[-10:]) or "starting the local cluster..."
+    return Group(table, Panel(log, title="what happened"))
+
+
+def render_result(console: Console, result: DrillResult) -> None:
+    verdict = "[green]PASSED[/]" if result.passed else "[red]FAILED[/]"
+    console.print(f"\n{verdict} {result.scenario}: {result.reason}")
+    figures = Table(title="figures")
+    figures.add_column("figure")
+    figures.add_column("value")
+    for name, value in (
+        ("verdict", result.verdict),
+        ("time to detect (from injection)", result.time_to_detect_s),
+        ("time to detect (first failed probe to verdict)", result.probe_time_to_detect_s),
+        ("time to recover (verdict to re-admission)", result.time_to_recover_s),
+        ("requests failed on decode/0 before its drain", result.affected_failed_before_drain),
+        ("requests failed on decode/0 after its drain", result.affected_failed_after_drain),
+        ("requests failed on the other groups", result.other_groups_failed),
+        ("restarts per group", result.restarts),
+    ):
+        figures.add_row(name, str(value))
+    console.print(figures)
+    for inc in result.incidents:
+        console.print(
+            Panel(
+                f"verdict {inc['verdict']}, action: {inc.get('action')}\n"
+                f"detected {inc.get('detectedTime')}, recovered {inc.get('recoveredTime')}\n"
+                f"time to detect {inc.get('timeToDetectSeconds')} s, "
+                f"time to recover {inc.get('timeToRecoverSeconds')} s\n\n"
+                + str(inc.get("evidence", ""))[:1500],
+                title=f"incident {inc['id']} ({inc['state']})",
+            )
+        )
+
+
+def run_with_live_view(drill: Drill) -> int:
+    console = Console()
+    box: dict[str, DrillResult] = {}
+    worker = threading.Thread(target=lambda: box.setdefault("r", drill.run()), daemon=True)
+    worker.start()
+    with Live(snapshot(drill), console=console, refresh_per_second=2) as live:
+        while worker.is_alive():
+            time.sleep(0.5)
+            live.update(snapshot(drill))
+    result = box["r"]
+    render_result(console, result)
+    return 0 if result.passed else 1
