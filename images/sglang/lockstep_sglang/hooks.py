@@ -330,6 +330,16 @@ def _device_of(coordinator: Any) -> torch.device | None:
     return device if isinstance(device, torch.device) else None
 
 
+def _consensus_sink() -> Callable[[str], None]:
+    def record(event: str) -> None:
+        # assert_same raises off the scheduler thread; a diagnostic must never be what
+        # crashes the server, and an event from another thread has no peer to match.
+        if threading.current_thread() is rcc._scheduler_thread:
+            rcc.assert_same("%s", event)
+
+    return record
+
+
 def start_runtime(scheduler: Any, config: RuntimeConfig | None = None) -> SchedulerRuntime:
     """Create this rank's state, tracer and recorder (the scheduler thread must call it).
 
@@ -348,7 +358,13 @@ def start_runtime(scheduler: Any, config: RuntimeConfig | None = None) -> Schedu
         if not getattr(original, "__lockstep_traced__", False):
             # Opaque: the state shows the SGLang call, not its inner broadcasts.
             patch_everywhere(original, tracer.wrap(original, name, opaque=True), _TRACED_MODULES)
-    sink = (lambda event: rcc.assert_same("%s", event)) if rcc.enabled() else None
+    sink = _consensus_sink() if rcc.enabled() else None
+    pp_size = int(getattr(scheduler, "pp_size", 1) or 1)
+    if sink is not None and pp_size > 1:
+        # SGLang's checker compares across the PP group too, and pipeline stages make
+        # their per-micro-batch decisions at different times: only TP is covered.
+        logger.warning("lockstep: decision consensus is off with --pp-size %d", pp_size)
+        sink = None
     tp_group = scheduler.tp_group
     probe_groups = [ProbeGroup("tp:cpu", tp_group.cpu_group)]
     if tp_group.device_group is not None and tp_group.device_group is not tp_group.cpu_group:
