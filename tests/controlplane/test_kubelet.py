@@ -34,10 +34,12 @@ SERVER = """
 import http.server, json, os, pathlib, signal, sys
 ip, pod_dir = os.environ["LOCKSTEP_POD_IP"], pathlib.Path(os.environ["LOCKSTEP_POD_DIR"])
 mode = os.environ.get("MODE", "")
+print("run starting", flush=True)
 keys = ["LOCKSTEP_POD_IP", "LOCKSTEP_POD_DIR", "LOCKSTEP_POD_NAME", "POD_NAME", "POD_UID",
         "GREETING", "PATH"]
 record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}
-(pod_dir / "record.json").write_text(json.dumps(record))
+(pod_dir / "record.tmp").write_text(json.dumps(record))
+(pod_dir / "record.tmp").replace(pod_dir / "record.json")
 if mode == "exit-once" and not (pod_dir / "exited").exists():
     (pod_dir / "exited").touch()
     sys.exit(3)
@@ -165,11 +167,16 @@ def pods(http: httpx.Client, namespace: str, kubelet: ProcessKubelet) -> Pods:
 
 
 def record_of(kubelet: ProcessKubelet, namespace: str, name: str) -> dict[str, Any]:
-    directory = kubelet.pod_dir(namespace, name)
-    assert directory is not None
-    found = wait_until(lambda: (directory / "record.json").exists(), f"{name} record")
-    assert found
-    record: dict[str, Any] = json.loads((directory / "record.json").read_text())
+    def written() -> Path | None:
+        directory = kubelet.pod_dir(namespace, name)
+        return (
+            directory / "record.json"
+            if directory and (directory / "record.json").exists()
+            else None
+        )
+
+    path: Path = wait_until(written, f"{name} running and its record written")
+    record: dict[str, Any] = json.loads(path.read_text())
     return record
 
 
@@ -345,8 +352,8 @@ def test_the_operators_group_pods_run_with_the_rendezvous_and_host_made_local(
 
 
 @pytest.mark.timeout(60)
-def test_a_container_that_exits_is_restarted_with_its_restart_count(
-    kubelet: ProcessKubelet, pods: Pods, namespace: str
+def test_a_container_that_exits_is_restarted_with_its_restart_count_and_both_logs(
+    kubelet: ProcessKubelet, pods: Pods, namespace: str, http: httpx.Client
 ) -> None:
     pods.create(pod("flaky", env=[{"name": "MODE", "value": "exit-once"}]))
 
@@ -357,6 +364,14 @@ def test_a_container_that_exits_is_restarted_with_its_restart_count(
     assert status["lastState"]["terminated"]["reason"] == "Error"
     assert "running" in status["state"]
     assert pods.status("flaky")["phase"] == "Running"
+
+    # pods/log through the API server reaches the kubelet: this run, and the one before.
+    current = http.get(f"{pods.path}/flaky/log", params={"tailLines": "1"})
+    assert current.status_code == 200, current.text
+    assert current.text.startswith("serving on ")
+    previous = http.get(f"{pods.path}/flaky/log", params={"previous": "true"})
+    assert previous.status_code == 200, previous.text
+    assert previous.text == "run starting\n"
 
 
 @pytest.mark.timeout(60)

@@ -67,6 +67,7 @@ from typing import Any, Self
 
 import httpx
 
+from lockstep.localcluster.containerlogs import ContainerLogServer, run_header
 from lockstep.localcluster.controlplane import LocalControlPlane
 
 Obj = dict[str, Any]
@@ -166,9 +167,16 @@ def build_node(name: str, shape: NodeShape) -> Obj:
 
 
 def build_node_status(
-    name: str, shape: NodeShape, *, now: float, ready_since: float, version: str
+    name: str,
+    shape: NodeShape,
+    *,
+    now: float,
+    ready_since: float,
+    version: str,
+    kubelet_port: int = 0,
 ) -> Obj:
-    """A Ready node status with a fresh heartbeat."""
+    """A Ready node status with a fresh heartbeat. The only address is the InternalIP:
+    the API server tries a Hostname address first, and node names do not resolve."""
     capacity = {
         "cpu": shape.cpu,
         "memory": shape.memory,
@@ -195,10 +203,8 @@ def build_node_status(
             condition("PIDPressure", "False", "KubeletHasSufficientPID", "no pressure"),
             condition("Ready", "True", "KubeletReady", "lockstep process kubelet is posting"),
         ],
-        "addresses": [
-            {"type": "InternalIP", "address": HOST_IP},
-            {"type": "Hostname", "address": name},
-        ],
+        "addresses": [{"type": "InternalIP", "address": HOST_IP}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
         "nodeInfo": {
             "kubeletVersion": version,
             "kubeProxyVersion": "",
@@ -580,6 +586,8 @@ class ProcessKubelet:
         self._groups: set[int] = set()  # process groups alive, for the safety nets
         self._threads: list[threading.Thread] = []
         self._watch_socket: socket.socket | None = None
+        self._logs = ContainerLogServer(self._log_path)
+        self._logs_port = 0
         self._ready_since = time.time()
         self._started = False
         self.errors: list[str] = []
@@ -622,6 +630,7 @@ class ProcessKubelet:
             else:
                 self._root = Path(tempfile.mkdtemp(prefix="lockstep-kubelet-"))
             (self._root / "pods").mkdir(exist_ok=True)
+            self._logs_port = self._logs.start()
             with self._http() as http:
                 for name in self.node_names:
                     self._register_node(http, name)
@@ -653,6 +662,7 @@ class ProcessKubelet:
         for thread in self._threads:
             thread.join(timeout=5.0)
         self.kill_all()
+        self._logs.stop()
         if self._remove_nodes and self._cp is not None and self._cp.running:
             with contextlib.suppress(Exception), self._http() as http:
                 for name in self.node_names:
@@ -723,6 +733,19 @@ class ProcessKubelet:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def _log_path(self, namespace: str, name: str, container: str) -> Path | None:
+        """The log file of a container of a pod this kubelet runs (also while it ends)."""
+        with self._lock:
+            found = [
+                w for w in self._workers.values() if (w.namespace, w.name) == (namespace, name)
+            ]
+        found.sort(key=lambda w: w.terminating)  # the live incarnation first
+        for worker in found:
+            for run in worker.containers:
+                if run.name == container:
+                    return run.log_path
+        return None
+
     def _worker(self, namespace: str, name: str) -> _PodWorker | None:
         with self._lock:
             found = [
@@ -755,7 +778,12 @@ class ProcessKubelet:
         version = self._cp.info.kubernetes_version
         for name in self.node_names:
             status = build_node_status(
-                name, self.shape, now=now, ready_since=self._ready_since, version=version
+                name,
+                self.shape,
+                now=now,
+                ready_since=self._ready_since,
+                version=version,
+                kubelet_port=self._logs_port,
             )
             _ok(
                 http.patch(
@@ -1050,12 +1078,12 @@ class _PodWorker(threading.Thread):
         self._last_sent: Obj | None = None
         self._last_sent_at = 0.0
         previous = {s["name"]: s for s in (pod.get("status") or {}).get("containerStatuses") or []}
-        self._containers: list[_Container] = []
+        self.containers: list[_Container] = []
         for i, spec in enumerate(pod["spec"]["containers"]):
             log = self.dir / (LOG_NAME if i == 0 else f"container-{spec['name']}.log")
             # A pod that an earlier kubelet ran continues its restart count.
             before = previous.get(spec["name"], {})
-            self._containers.append(
+            self.containers.append(
                 _Container(
                     spec=spec,
                     log_path=log,
@@ -1083,7 +1111,7 @@ class _PodWorker(threading.Thread):
         self._wake.set()
 
     def pid(self) -> int | None:
-        process = self._containers[0].process if self._containers else None
+        process = self.containers[0].process if self.containers else None
         return process.pid if process is not None else None
 
     # the pod's thread
@@ -1108,7 +1136,7 @@ class _PodWorker(threading.Thread):
         except Exception as exc:
             kubelet._record(f"pod {self.namespace}/{self.name}: {exc!r}")
         finally:
-            for container in self._containers:
+            for container in self.containers:
                 self._kill(container, signal.SIGKILL, wait=5.0)
             http.close()
             kubelet._addresses.release(self.ip)
@@ -1116,7 +1144,7 @@ class _PodWorker(threading.Thread):
 
     def _step(self, pod: Obj) -> None:
         now = time.monotonic()
-        for container in self._containers:
+        for container in self.containers:
             if container.process is not None:
                 if self._exited(container):
                     continue
@@ -1171,8 +1199,8 @@ class _PodWorker(threading.Thread):
         _rotate(container.log_path)
         started = time.time()
         with open(container.log_path, "ab") as log:
-            header = f"--- {rfc3339(started)} start #{container.restart_count}: {argv!r}\n"
-            log.write(header.encode())
+            restart = container.restart_count + (1 if container.restart_pending else 0)
+            log.write(run_header(rfc3339(started), restart, argv))
             log.flush()
             try:
                 process = subprocess.Popen(
@@ -1267,7 +1295,7 @@ class _PodWorker(threading.Thread):
                 container.ready = False
 
     def _report(self, http: httpx.Client, pod: Obj) -> None:
-        views = [c.view() for c in self._containers]
+        views = [c.view() for c in self.containers]
         now = rfc3339(time.time())
         conditions = []
         for kind, holds, reason, message in pod_conditions(pod, views):
@@ -1318,21 +1346,21 @@ class _PodWorker(threading.Thread):
         with self.kubelet._lock:
             self.terminating = True
         started = time.monotonic()
-        for container in self._containers:
+        for container in self.containers:
             self._kill(container, signal.SIGTERM, wait=0.0)
-        while any(c.process is not None for c in self._containers):
+        while any(c.process is not None for c in self.containers):
             with self._pod_lock:
                 pod = self._pod
             assert pod is not None
             grace = 0.0 if gone else float(pod["metadata"].get("deletionGracePeriodSeconds", 0))
             if time.monotonic() - started >= grace or self.kubelet._stopping.is_set():
                 break
-            for container in self._containers:
+            for container in self.containers:
                 if container.process is not None and _leader_exited(container.process):
                     self._kill(container, signal.SIGKILL, wait=5.0)
             self._wake.wait(_TICK_SECONDS)
             self._wake.clear()
-        for container in self._containers:
+        for container in self.containers:
             self._kill(container, signal.SIGKILL, wait=5.0)
         if gone:
             return
