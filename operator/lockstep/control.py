@@ -226,14 +226,73 @@ def observe_group(
         record.restart_baseline if record is not None else {},
     )
     verdict = classify_group(obs, (), now=now)
-    if verdict.verdict is Verdict.RANK_DOWN and verdict.immediate:
-        return verdict
+    if verdict.verdict is not Verdict.RANK_DOWN or not verdict.immediate:
+        return None
+    # A rank is down. If it went down because the consensus caught a divergence, its pod
+    # agent still has the evidence (in the crashed incarnation's states): that is the
+    # cause to report, not the exit it led to.
+    agents = _read_agents_with_previous(rt, pods)
+    if any(a.ranks and any(r.consensus_failure for r in a.ranks) for a in agents):
+        obs = GroupObservation(
+            epoch,
+            expected_pods,
+            ProbeOutcome("failed", None, "not probed"),
+            views,
+            agents,
+            record.restart_baseline if record is not None else {},
+        )
+        return classify_group(obs, (), now=now)
+    return verdict
+
+
+def _read_agents_with_previous(
+    rt: Runtime, pods: Sequence[Mapping[str, Any]]
+) -> tuple[AgentReport, ...]:
+    """Every reachable pod agent's ranks, plus crashed ranks that carry a consensus failure."""
+    reports = []
+    for pod in pods:
+        ip = (pod.get("status") or {}).get("podIP")
+        name = str((pod.get("metadata") or {}).get("name", ""))
+        if not ip:
+            continue
+        try:
+            body = rt.http.get(f"http://{ip}:{c.PORT_AGENT}/ranks", timeout=1.0).json()
+        except (httpx.HTTPError, ValueError) as err:
+            reports.append(AgentReport(name, None, f"{type(err).__name__}: {err}"))
+            continue
+        reports.append(_agent_report(name, body, None))
+    return tuple(reports)
+
+
+def _consensus_cause(bodies: Sequence[str]) -> str | None:
+    """A consensus failure found in captured `/ranks` answers (live or crashed ranks)."""
+    for text in bodies:
+        try:
+            body = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(body, dict):
+            continue
+        for rank in [*(body.get("ranks") or []), *(body.get("previous") or [])]:
+            failure = rank.get("consensus_failure") if isinstance(rank, dict) else None
+            if failure:
+                first = failure.get("first_divergence") if isinstance(failure, dict) else None
+                events = (first or {}).get("events") if isinstance(first, dict) else None
+                detail = f"; first divergence: {events}" if events else ""
+                return f"rank {rank.get('rank')} reported a consensus divergence{detail}"[:500]
     return None
 
 
 def _agent_report(pod: str, body: Any, error: str | None) -> AgentReport:
     if body is None:
         return AgentReport(pod, None, error)
+    if isinstance(body, dict) and body.get("previous"):
+        # Ranks of the crashed incarnation count when they carry a consensus failure:
+        # the divergence is why they are gone.
+        crashed = [
+            r for r in body["previous"] if isinstance(r, dict) and r.get("consensus_failure")
+        ]
+        body = {"ranks": [*(body.get("ranks") or []), *crashed]}
     try:
         return agent_report_from_json(pod, body)
     except AgentDataError as err:
@@ -339,13 +398,16 @@ class _Round:
     def _capture(self, action: CaptureEvidence) -> None:
         """Rank states, stacks and log tails of every pod, bounded, into the incident."""
         parts: list[str] = []
+        captured_bodies: list[str] = []
         pods = {p["metadata"]["name"]: p for p in self._pods()}
         for ref in action.pods:
             pod = pods.get(ref.name)
             ip = ((pod or {}).get("status") or {}).get("podIP")
             if ip:
                 base = f"http://{ip}:{c.PORT_AGENT}"
-                parts.append(f"[{ref.name}] ranks: {self._http('GET', f'{base}/ranks')}")
+                ranks_text = self._http("GET", f"{base}/ranks")
+                captured_bodies.append(ranks_text)
+                parts.append(f"[{ref.name}] ranks: {ranks_text}")
                 if action.stacks:
                     parts.append(f"[{ref.name}] stacks: {self._http('POST', f'{base}/stacks')}")
             if action.log_lines:
@@ -358,6 +420,12 @@ class _Round:
                     parts.append(f"[{ref.name}] log: unavailable ({type(err).__name__})")
         captured = "\n".join(parts)
         inc = self.incidents.get(action.incident_id)
+        cause = _consensus_cause(captured_bodies)
+        if inc is not None and cause and inc.get("verdict") == "RankDown":
+            # The ranks died because the consensus caught a divergence: that is the
+            # incident's verdict (the exit was only its consequence).
+            inc["verdict"] = "Desynced"
+            inc["evidence"] = f"cause: {cause}\n" + str(inc.get("evidence", ""))
         if inc is not None:
             base_evidence = str(inc.get("evidence", "")).split(EVIDENCE_MARK)[0]
             room = max(0, action.max_bytes - len(base_evidence) - len(EVIDENCE_MARK))
@@ -376,6 +444,8 @@ class _Round:
     def _upsert_incident(self, incident: Incident) -> None:
         new = incident.model_dump(by_alias=True, exclude_none=True)
         old = self.incidents.get(incident.id)
+        if old is not None and old.get("verdict") == "Desynced" and new["verdict"] == "RankDown":
+            new["verdict"] = "Desynced"  # refined from the captured evidence (see _capture)
         if old is not None and not new.get("evidence"):
             # Records persist no evidence (see dump_records): status keeps what it had.
             new["evidence"] = old.get("evidence", "")
