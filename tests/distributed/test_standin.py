@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class StandinPod:
     pod_dir: Path
     proc: subprocess.Popen[bytes]
     log: Path
+    argv: list[str]
+    env: dict[str, str]
 
     @property
     def base(self) -> str:
@@ -113,7 +116,6 @@ class Launcher:
     def pod(self, ip: str, argv: list[str], env: dict[str, str], name: str) -> StandinPod:
         pod_dir = Path(tempfile.mkdtemp(prefix="ls-standin-"))
         self.dirs.append(str(pod_dir))
-        log = pod_dir / "pod.log"
         full_env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
@@ -127,16 +129,25 @@ class Launcher:
             "LOCKSTEP_STANDIN_REQUEST_TIMEOUT_S": "10",
             **env,
         }
+        return self._start(ip, pod_dir, argv, full_env, pod_dir / "pod.log")
+
+    def restart(self, pod: StandinPod) -> StandinPod:
+        """The same container again (same pod directory), as a kubelet restart does."""
+        return self._start(pod.ip, pod.pod_dir, pod.argv, pod.env, pod.pod_dir / "pod-2.log")
+
+    def _start(
+        self, ip: str, pod_dir: Path, argv: list[str], env: dict[str, str], log: Path
+    ) -> StandinPod:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "lockstep_sglang.standin", *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=full_env,
+                env=env,
                 cwd=REPO,
                 start_new_session=True,  # killpg below reaches the pod's ranks too
             )
-        pod = StandinPod(ip, pod_dir, proc, log)
+        pod = StandinPod(ip, pod_dir, proc, log, argv, env)
         self.pods.append(pod)
         return pod
 
@@ -305,30 +316,64 @@ def test_two_pod_group_serves_probes_runs_slow_and_dies_together_on_a_desync(
         assert events["0"] != events["1"]
         assert "TP ranks diverged" in pod.output()
 
+    # The evidence outlives the container restart it caused: the restarted pod's agent
+    # serves it as the previous incarnation while the new rank waits for its group.
+    restarted = launcher.restart(follower)
 
+    def previous_failure() -> Any:
+        with contextlib.suppress(httpx.HTTPError):
+            previous = restarted.ranks()["previous"]
+            return previous and previous[0]["consensus_failure"]
+        return None
+
+    evidence = wait_until(previous_failure, 20, "the previous incarnation's evidence")
+    assert evidence["first_divergence"]["events"]["1"].startswith("lockstep decision")
+
+
+@pytest.mark.parametrize(
+    ("load", "where"),
+    [("busy", ("run_batch", "tp:device")), ("idle", ("broadcast_pyobj", "tp:cpu"))],
+    ids=["busy", "idle"],
+)
 def test_one_pod_group_hang_fails_the_probe_without_a_consensus_failure(
-    launcher: Launcher,
+    launcher: Launcher, load: str, where: tuple[str, str]
 ) -> None:
     (pod,) = launcher.group(tp=2, nnodes=1, LOCKSTEP_STANDIN_REQUEST_TIMEOUT_S="2")
     wait_serving(pod, [pod])
     assert generate(pod, "one pod", 4).json()["text"] == expected_text("one pod", 4)
     assert pod.get("/lockstep/probe?timeout=5").status_code == 200
 
+    answers: list[httpx.Response] = []
+    if load == "busy":
+        # A request long enough to still be running when the fault lands.
+        worker = threading.Thread(target=lambda: answers.append(generate(pod, "long", 4000)))
+        worker.start()
+        wait_until(
+            lambda: all(
+                (s["last_decision"] or {}).get("kind") == "batch" for s in pod.ranks()["ranks"]
+            ),
+            5,
+            "the group running a batch",
+        )
     pod.fault(kind="hang", ranks=[1])
+
+    def stuck_in_the_same_collective() -> bool:
+        states = pod.ranks()["ranks"]
+        return len(states) == 2 and all(
+            s["collective"] is not None
+            and (s["collective"]["op"], s["collective"]["group"]) == where
+            for s in states
+        )
+
+    wait_until(stuck_in_the_same_collective, 5, f"both ranks in {where}")
     started = time.monotonic()
     stuck = generate(pod, "never answered", 4)
     assert stuck.status_code == 504, stuck.text
     assert time.monotonic() - started < 4.0
+    if load == "busy":
+        worker.join(10)
+        assert [a.status_code for a in answers] == [504]
 
-    def both_in_run_batch() -> bool:
-        states = pod.ranks()["ranks"]
-        return len(states) == 2 and all(
-            s["collective"] is not None
-            and (s["collective"]["op"], s["collective"]["group"]) == ("run_batch", "tp:device")
-            for s in states
-        )
-
-    wait_until(both_in_run_batch, 5, "both ranks in run_batch")
     before = pod.ranks()["ranks"]
     for timeout in (1.0, 1.0):
         started = time.monotonic()
@@ -337,6 +382,7 @@ def test_one_pod_group_hang_fails_the_probe_without_a_consensus_failure(
         assert not probe.json()["joined"], "a timed-out probe must not stay in flight"
         assert time.monotonic() - started < timeout + 1.0
     after = pod.ranks()["ranks"]
+    assert before[0]["collective"]["seq"] == before[1]["collective"]["seq"]
     for b, a in zip(before, after, strict=True):
         assert a["iteration"] == b["iteration"], "a hung group made progress"
         assert a["collective"] == b["collective"]
@@ -344,7 +390,20 @@ def test_one_pod_group_hang_fails_the_probe_without_a_consensus_failure(
         assert a["alive"] and a["consensus_failure"] is None
     # Like SGLang's /health: blind to the hang. The deep probe is what sees it.
     assert pod.get("/health").status_code == 200
-    assert pod.proc.poll() is None
+
+    # The main process is not wedged with its ranks: a stop ends it and them, in time.
+    pids = list(pod.rank_pids().values())
+    pod.proc.send_signal(signal.SIGTERM)
+    assert pod.wait_exit(timeout=8) == 0
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), f"rank pid {pid} left"
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
 
 
 def test_stalled_rank_hangs_the_group_and_a_killed_rank_ends_both_pods(

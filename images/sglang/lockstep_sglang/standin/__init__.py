@@ -55,11 +55,12 @@ Files in ``LOCKSTEP_POD_DIR``:
   ``{"kind": "none"|"desync"|"hang"|"slow", "ranks": [..] | null, "step_seconds": s,
   "epoch": e | null}``. ``desync``: the named rank decides the opposite of its peers
   (idle while they batch, a phantom batch while they idle) → the consensus ends every
-  rank within about a second, with the diverging decision in the evidence. ``hang``: at
-  the next batch the named rank waits, inside ``run_batch``, on a receive no peer
-  matches; decisions stay identical (no consensus failure), every rank shows
-  ``run_batch`` on ``tp:device`` with no progress, the probe times out; the gloo timeout
-  ends the group. ``slow``: each batch of the named ranks takes ``step_seconds`` longer
+  rank within about a second, with the diverging decision in the evidence. ``hang``: the named
+  rank waits on a receive no peer matches, inside ``run_batch`` (``tp:device``) when
+  the group has requests, inside the next request broadcast (``broadcast_pyobj`` on
+  ``tp:cpu``) when it is idle; decisions stay identical (no consensus failure), every
+  rank shows the same collective with no progress, the probe times out; the gloo
+  timeout ends the group. ``slow``: each batch of the named ranks takes ``step_seconds`` longer
   (keep it under the gloo timeout); iterations keep advancing.
 
 HTTP (leader pod): ``GET /health`` (200 once the loop runs, 503 before — like SGLang's,

@@ -148,6 +148,9 @@ class Scheduler:
         # Opaque, as in SGLang where the host waits in run_batch while NCCL runs: every
         # rank of a hung group shows the same op, whatever it waits on inside.
         self.forward = tracer.wrap(self._forward, "run_batch", group=b"tp:device", opaque=True)
+        self.stuck_broadcast = tracer.wrap(
+            self._stuck, "broadcast_pyobj", group=b"tp:cpu", opaque=True
+        )
 
     # -- the loop ---------------------------------------------------------------------
     def run(self) -> None:
@@ -159,6 +162,10 @@ class Scheduler:
             fault = self.faults.current()
             mine = fault.targets(self.rank, self.spec.local_ranks, self.spec.epoch)
             pulled = self.pull() if self.inbox is not None else None
+            if mine and fault.kind == "hang" and not (self.running or self.waiting):
+                # An idle group hangs in the request broadcast, a busy one in run_batch:
+                # either way every rank shows the same collective.
+                self.stuck_broadcast()
             self.dispatch(self.broadcast(pulled, self.rank, self.groups.cpu))
             batch = self.next_batch()
             if mine and fault.kind == "desync":
@@ -236,7 +243,11 @@ class Scheduler:
             raise RuntimeError(f"forward all-reduce gave {int(total.item())} for batch {size}")
 
     def _stuck(self) -> None:
-        """The ``hang`` fault: wait in a receive no peer ever matches, up to the gloo bound."""
+        """The ``hang`` fault: wait in a receive no peer ever matches, up to the gloo bound.
+
+        Called inside a traced collective (``run_batch`` or ``broadcast_pyobj``), whose
+        peers then wait for this rank until their own gloo timeout.
+        """
         logger.warning("fault hang: rank %d stuck at iteration %d", self.rank, self.iteration)
         world = self.groups.world
         if len(world) > 1:
