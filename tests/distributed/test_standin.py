@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,8 +178,6 @@ def launcher() -> Iterator[Launcher]:
         yield launch
     finally:
         launch.kill_all()
-        import shutil
-
         for d in launch.dirs:
             shutil.rmtree(d, ignore_errors=True)
 
