@@ -48,19 +48,20 @@ class StandinPod:
     log: Path
     argv: list[str]
     env: dict[str, str]
+    http: httpx.Client
 
     @property
     def base(self) -> str:
         return f"http://{self.ip}:{HTTP_PORT}"
 
     def get(self, path: str, timeout: float = 10.0) -> httpx.Response:
-        return httpx.get(f"{self.base}{path}", timeout=timeout)
+        return self.http.get(f"{self.base}{path}", timeout=timeout)
 
     def post(self, path: str, body: dict[str, Any], timeout: float = 20.0) -> httpx.Response:
-        return httpx.post(f"{self.base}{path}", json=body, timeout=timeout)
+        return self.http.post(f"{self.base}{path}", json=body, timeout=timeout)
 
     def ranks(self) -> dict[str, Any]:
-        resp = httpx.get(f"http://{self.ip}:{AGENT_PORT}/ranks", timeout=5.0)
+        resp = self.http.get(f"http://{self.ip}:{AGENT_PORT}/ranks", timeout=5.0)
         resp.raise_for_status()
         body: dict[str, Any] = resp.json()
         return body
@@ -91,6 +92,8 @@ class Launcher:
     """Starts stand-in pods; ``kill_all`` ends every one (and its ranks)."""
 
     pods: list[StandinPod] = field(default_factory=list)
+    # One client: a bare httpx.get builds a new TLS context per call (~100 ms).
+    http: httpx.Client = field(default_factory=httpx.Client)
     dirs: list[str] = field(default_factory=list)
     # A random 127.x.y.0/24 per test: other tests or a local cluster may run beside us.
     net: str = field(
@@ -148,7 +151,7 @@ class Launcher:
                 cwd=REPO,
                 start_new_session=True,  # killpg below reaches the pod's ranks too
             )
-        pod = StandinPod(ip, pod_dir, proc, log, argv, env)
+        pod = StandinPod(ip, pod_dir, proc, log, argv, env, self.http)
         self.pods.append(pod)
         return pod
 
@@ -162,6 +165,7 @@ class Launcher:
         for pod in self.pods:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 pod.proc.wait(timeout=10)
+        self.http.close()
 
 
 def _rank_pids_or_empty(pod: StandinPod) -> list[int]:
