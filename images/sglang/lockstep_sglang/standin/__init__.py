@@ -45,6 +45,11 @@ any local rank ends, the main process kills the others and exits non-zero at onc
 rank whose peer vanished fails its next gloo operation (at once for a dead peer, at the
 gloo timeout for a stalled one) and so ends its pod too.
 
+Exit status of the pod: 0 after ``SIGTERM``/``SIGINT`` (ranks stopped, ``SIGKILL``
+after 3 s); 2 refused to start; otherwise that of the first rank to end — 1 for a
+consensus divergence or a failed collective (gloo timeout, vanished peer), ``128+N`` for
+a rank killed by signal ``N`` — never 0.
+
 Files in ``LOCKSTEP_POD_DIR``:
 
 - ``state/rank-<r>.state`` (+ ``rank-<r>.failure.json`` after a consensus failure;
@@ -61,7 +66,9 @@ Files in ``LOCKSTEP_POD_DIR``:
   ``tp:cpu``) when it is idle; decisions stay identical (no consensus failure), every
   rank shows the same collective with no progress, the probe times out; the gloo
   timeout ends the group. ``slow``: each batch of the named ranks takes ``step_seconds`` longer
-  (keep it under the gloo timeout); iterations keep advancing.
+  (keep it under the gloo timeout); iterations keep advancing. The file survives a
+  container restart (same pod directory): clear it, or set ``epoch``, so a restarted
+  group does not fail again.
 
 HTTP (leader pod): ``GET /health`` (200 once the loop runs, 503 before — like SGLang's,
 blind to a wedged group), ``GET /health_generate`` (one token through the group, 503 on
