@@ -18,12 +18,12 @@ tools:
 controlplane:
 	@bash .ci/build-controlplane >/dev/null
 
-# For now: the flag policy and the manifests of the small example. The local-cluster
-# incident drill replaces this when it lands.
-demo: venv
-	$(BIN)/lockstep check -f examples/pd-small.yaml
-	$(BIN)/lockstep check -f examples/unsafe/overlap-schedule.yaml --mode Reject || true
-	$(BIN)/lockstep render -f examples/pd-small.yaml
+# The incident drill on the local cluster: a real control plane, the process kubelet, CPU
+# stand-in SGLang ranks in real gloo groups and the real operator; a desync is injected
+# into a decode group spanning two pods and lockstep detects, drains, restarts the whole
+# group and re-admits it while the other groups keep serving.
+demo: venv controlplane
+	$(BIN)/lockstep dev drill --scenario desync
 
 lint: venv
 	$(BIN)/ruff check .

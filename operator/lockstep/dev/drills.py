@@ -39,6 +39,7 @@ SCENARIOS = (
     "flapping",
     "operator-crash",
     "concurrent",
+    "baseline",
 )
 NAMESPACE = "lockstep-drill"
 NAME = "drill"
@@ -220,6 +221,17 @@ class Drill:
         return self.result
 
     def spec_overrides(self) -> dict[str, Any]:
+        if self.scenario == "baseline":
+            # The alternative without lockstep: no rank consensus guard, SGLang's gloo
+            # timeout left long, nobody restarts the group.
+            return {
+                "safety": {
+                    "mode": "Warn",
+                    "overlapSchedule": "Disabled",
+                    "glooTimeoutSeconds": 3600,
+                },
+                "recovery": {"policy": "ObserveOnly"},
+            }
         if self.scenario == "flapping":
             return {
                 "recovery": {
@@ -379,6 +391,27 @@ class Drill:
             (int(self.group(AFFECTED)["restarts"]) == 1, "one restart, not two"),
             (int(self.group(AFFECTED)["epoch"]) == 1, "one new epoch"),
             (len(incidents) == 1, "one incident"),
+        ]
+        self._conclude(checks)
+
+    def _baseline(self) -> None:
+        """Without lockstep's guard and recovery a desynced group stays wedged."""
+        self.result.injected_at = time.time()
+        self.inject("desync")
+        window = 60.0
+        end = time.time() + window
+        while time.time() < end:
+            self.poll()
+            time.sleep(0.5)
+        assert self.traffic is not None
+        s = self.traffic.stats(self.result.injected_at + 10).get(AFFECTED)
+        self.note(f"after {window:.0f}s decode/0 still fails every request; nobody restarted it")
+        checks = [
+            (
+                s is not None and s.sent > 0 and s.ok == 0,
+                "the wedged group failed every request after the first 10 s",
+            ),
+            (int(self.group(AFFECTED).get("restarts", 0)) == 0, "nothing restarted it"),
         ]
         self._conclude(checks)
 
