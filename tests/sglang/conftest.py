@@ -76,8 +76,11 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
     inherited = [name for name in hooked_names if name not in own]
     saved = [(owner, name, owner.__dict__[name]) for owner, name in owners]
     routes = list(http_server.app.router.routes)
+    from lockstep_sglang import server_hooks
+
     installed = set(sglang_hooks._installed)
-    module_state = (sglang_hooks._config, sglang_hooks._runtime, sglang_hooks._gate)
+    module_state = (sglang_hooks._config, sglang_hooks._runtime)
+    server_state = (server_hooks._config, server_hooks._route_added, server_hooks._gate)
     try:
         yield sglang_hooks
     finally:
@@ -89,7 +92,8 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
         http_server.app.router.routes[:] = routes
         sglang_hooks._installed.clear()
         sglang_hooks._installed.update(installed)
-        sglang_hooks._config, sglang_hooks._runtime, sglang_hooks._gate = module_state
+        sglang_hooks._config, sglang_hooks._runtime = module_state
+        server_hooks._config, server_hooks._route_added, server_hooks._gate = server_state
 
 
 @pytest.fixture

@@ -205,9 +205,11 @@ def test_probe_route_runs_a_collective_through_the_real_dispatchers(
     from starlette.requests import Request
 
     hooks = restore_hooks
-    PROBE = hooks.PROBE_ROUTE
+    from lockstep_sglang import server_hooks
+
+    PROBE = server_hooks.PROBE_ROUTE
     config = _config(tmp_path)
-    hooks.install_server_hooks(config)
+    server_hooks.install_server_hooks(config)
     hooks.install_scheduler_hooks(config)
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
@@ -240,7 +242,7 @@ def test_probe_route_runs_a_collective_through_the_real_dispatchers(
             engine, "init_tokenizer_manager", lambda *a, **k: (TokenizerManager(), None)
         )
         server_args = SimpleNamespace(dp_size=1, enable_dp_attention=False)
-        tokenizer_manager, _ = hooks.init_tokenizer_manager(server_args, None)
+        tokenizer_manager, _ = server_hooks.init_tokenizer_manager(server_args, None)
         http_server.set_global_state(
             http_server._GlobalState(
                 tokenizer_manager=tokenizer_manager, template_manager=None, scheduler_info={}
@@ -266,7 +268,8 @@ def test_probe_route_runs_a_collective_through_the_real_dispatchers(
         status, body = asyncio.run(get(b"timeout=0.3"))
         assert status == 504
         assert body["status"] == "timeout"
-        assert hooks.probe_gate() is not None and not hooks.probe_gate().in_flight
+        gate = server_hooks.probe_gate()
+        assert gate is not None and not gate.in_flight
         assert asyncio.run(get(b"timeout=soon"))[0] == 400
     finally:
         http_server.set_global_state(None)

@@ -8,7 +8,7 @@ Order matters, and each step fails fast with a message an operator can act on:
 3. switch on SGLang's rank consensus checker for the spawned schedulers, archive the
    previous incarnation's rank state, start the pod agent;
 4. install the main-process hooks and run SGLang's HTTP server with lockstep's
-   scheduler entry (:mod:`lockstep_sglang.hooks`).
+   scheduler entry (:mod:`lockstep_sglang.server_hooks`, :mod:`lockstep_sglang.hooks`).
 
 Every other argument is SGLang's, passed through untouched. ``--lockstep-check`` runs
 steps 1-2 and exits (0 when the runtime matches): the image build and CI use it.
@@ -109,7 +109,7 @@ def run_server(config: RuntimeConfig, sglang_argv: list[str]) -> int:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
-    from lockstep_sglang import hooks
+    from lockstep_sglang import server_hooks
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s lockstep %(message)s")
     config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -121,8 +121,8 @@ def run_server(config: RuntimeConfig, sglang_argv: list[str]) -> int:
         reason = unsupported_mode(server_args)
         if reason is not None:
             return refuse(f"lockstep-sglang refuses to start: {reason}")
-        hooks.install_server_hooks(config)
-        hooks.launch(server_args)
+        server_hooks.install_server_hooks(config)
+        server_hooks.launch(server_args)
         if int(getattr(server_args, "node_rank", 0) or 0) >= 1:
             # A non-leader node returns when its schedulers end: never a clean stop.
             logger.error("lockstep: the schedulers of this node ended")
