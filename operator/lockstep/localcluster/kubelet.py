@@ -105,6 +105,7 @@ HOST_IP = "127.0.0.1"
 LOG_NAME = "container.log"
 LOG_MAX_BYTES = 16 * 1024 * 1024
 DIST_INIT_FLAG = "--dist-init-addr"
+DIST_INIT_FLAGS = (DIST_INIT_FLAG, "--nccl-init-addr")  # SGLang takes both spellings
 
 # How often each pod's thread looks at its processes when nothing else wakes it.
 _TICK_SECONDS = 0.1
@@ -341,9 +342,9 @@ def dist_init_target(argv: Sequence[str]) -> tuple[int, str, str] | None:
     `index` is where the value is (the flag's own index for `--flag=value`)."""
     for i, arg in enumerate(argv):
         value: str | None = None
-        if arg == DIST_INIT_FLAG and i + 1 < len(argv):
+        if arg in DIST_INIT_FLAGS and i + 1 < len(argv):
             value, index = argv[i + 1], i + 1
-        elif arg.startswith(DIST_INIT_FLAG + "="):
+        elif arg.split("=", 1)[0] in DIST_INIT_FLAGS and "=" in arg:
             value, index = arg.split("=", 1)[1], i
         if value is not None:
             host, sep, port = value.rpartition(":")
@@ -365,13 +366,17 @@ def dist_init_pod(host: str) -> str | None:
 
 
 def with_dist_init_ip(argv: Sequence[str], ip: str) -> list[str]:
-    """`argv` with the host of its `--dist-init-addr` replaced by `ip`."""
+    """`argv` with the host of its `--dist-init-addr` (or `--nccl-init-addr`) replaced by
+    `ip`."""
     target = dist_init_target(argv)
     out = list(argv)
     if target is None:
         return out
     index, _, port = target
-    out[index] = f"{DIST_INIT_FLAG}={ip}:{port}" if out[index].startswith("--") else f"{ip}:{port}"
+    if out[index].split("=", 1)[0] in DIST_INIT_FLAGS:  # the --flag=value spelling
+        out[index] = f"{out[index].split('=', 1)[0]}={ip}:{port}"
+    else:
+        out[index] = f"{ip}:{port}"
     return out
 
 
