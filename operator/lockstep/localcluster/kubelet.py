@@ -37,6 +37,11 @@ can map one program without mapping every `python3`):
   process (`INHERITED_ENV`: PATH, PYTHONPATH, HOME, ...); `$(VAR)` references are
   expanded as Kubernetes does.
 
+Logs: each run of a container appends to `<pod dir>/container.log` after a header line;
+`log_tail()` reads it here, and the API server's pods/log (`kubectl logs [--previous]`, the
+operator's incident evidence) reaches it through `lockstep.localcluster.containerlogs`,
+served on 127.0.0.1 at the port each Node advertises.
+
 Pods are watched (list, then watch from the list's resourceVersion, relisting on 410);
 each pod is run by its own thread, which owns the pod's processes. Requests go through
 httpx, as in `LocalControlPlane`, with the admin client certificate.
