@@ -81,6 +81,10 @@ def apply_small(e: Env, **spec: Any) -> None:
     obj = yaml.safe_load((REPO / "examples/pd-small.yaml").read_text())
     obj["metadata"]["namespace"] = e.ns
     obj["spec"]["decode"].update({"podsPerGroup": 2, "gpusPerPod": 1})
+    # FakeKubelet plays these pods: keep the scheduler from binding them to the nodes of
+    # a ProcessKubelet another test module registered (their deletion would evict them).
+    for role in ("prefill", "decode"):
+        obj["spec"][role]["nodeSelector"] = {"lockstep.dev/test-node": "fake-kubelet"}
     obj["spec"]["health"] = {
         "periodSeconds": 1,
         "timeoutSeconds": 1,

@@ -117,7 +117,7 @@ class Drill:
         self.traffic: Traffic | None = None
         self.result = DrillResult(scenario)
         self.drained_at: float | None = None
-        self.samples: list[dict[str, str]] = []  # group -> step, per poll (concurrency)
+        self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
 
     # ----------------------------------------------------------------- helpers
 
@@ -157,7 +157,9 @@ class Drill:
     def poll(self) -> None:
         """Called while waiting: notes the drain time, samples the recovery steps."""
         recs = self.records()
-        self.samples.append({k: str(v.get("step", "Healthy")) for k, v in recs.items()})
+        self.samples.append(
+            (time.time(), {k: str(v.get("step", "Healthy")) for k, v in recs.items()})
+        )
         if self.drained_at is None:
             step = recs.get(AFFECTED, {}).get("step")
             if step in ("CapturingEvidence", "AwaitingRestart", *RESTARTING_STEPS):
@@ -424,12 +426,16 @@ class Drill:
             self.timeout_s * 2,
             "both decode groups recovered",
         )
+        injected = self.result.injected_at or 0.0
         both = [
             s
-            for s in self.samples
-            if sum(s.get(k) in RESTARTING_STEPS for k in ("decode/0", "decode/1")) > 1
+            for at, s in self.samples
+            if at >= injected
+            and sum(s.get(k) in RESTARTING_STEPS for k in ("decode/0", "decode/1")) > 1
         ]
         reasons = {e.get("reason") for e in self.cluster.events(NAMESPACE)}
+        if both:
+            self.note(f"two groups restarting at once: {both[0]}")
         self._judge_incident(self.incident("decode/0") or {})
         checks = [
             (not both, "never two decode groups restarting at once"),

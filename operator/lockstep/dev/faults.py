@@ -65,10 +65,14 @@ def inject(
     if kind in ("desync", "hang", "slow", "none"):
         # desync/hang: one rank (the group's last) misbehaves; slow: every rank.
         victim = max(r for r, _ in rank_pids(dirs[-1])) if kind in ("desync", "hang") else None
+        epoch = int(pods[0]["metadata"]["labels"].get(c.LABEL_EPOCH, "0"))
+        # The epoch keeps a fault from firing again in a restarted container of a later
+        # epoch that reuses nothing but the pod name.
         fault = {
             "kind": kind,
             "ranks": None if victim is None else [victim],
             "step_seconds": step_seconds,
+            "epoch": epoch,
         }
         for d in dirs:
             tmp = d / "fault.json.tmp"
