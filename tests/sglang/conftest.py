@@ -8,6 +8,7 @@ after each test, so other tiers in the same pytest run see SGLang and torch unto
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -24,6 +25,21 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).parent
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Keep SWIG's runtime capsule alive through interpreter shutdown.
+
+    sentencepiece 0.2.1 (SGLang's pin, imported with SGLang's tokenizer stack) registers
+    a ``swig_runtime_data4`` module whose capsule destructor dereferences an already freed
+    type when the interpreter clears modules at exit, so the whole pytest process ends
+    with SIGSEGV after every test passed (google/sentencepiece#1145). One extra reference
+    to the capsule means its destructor never runs; the process exits normally.
+    """
+    module = sys.modules.get("swig_runtime_data4")
+    capsule = getattr(module, "type_pointer_capsule", None)
+    if capsule is not None:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(capsule))
 
 
 @pytest.fixture(scope="session")
