@@ -272,6 +272,10 @@ def compare_across_ranks(
     )
 
 
+# The consensus comparison itself failed (see ConsensusChecker._run).
+CHECK_FAILED_EXIT_CODE = 3
+
+
 def fail_on_divergence(
     report: DivergenceReport,
     *,
@@ -360,11 +364,14 @@ class ConsensusChecker:
         state: RankStateWriter | None = None,
         on_divergence: Callable[[DivergenceReport], None] | None = None,
         pause_s: float = DEFAULT_PAUSE_S,
+        exit_fn: Callable[[int], object] = os._exit,
     ) -> None:
         self._groups = list(groups)
         self._state = state
         self._pause_s = pause_s
         self._on_divergence = on_divergence
+        self._exit_fn = exit_fn
+        self._closing = False
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._owner: threading.Thread | None = None
         self._worker: threading.Thread | None = None
@@ -387,6 +394,7 @@ class ConsensusChecker:
         """Compare what is queued, then stop the comparing thread."""
         if self._worker is None:
             return
+        self._closing = True
         self._queue.put(None)
         self._worker.join(timeout)
         self._worker = None
@@ -402,6 +410,25 @@ class ConsensusChecker:
         return int(tensor.item())
 
     def _run(self) -> None:
+        try:
+            self._compare_forever()
+        except Exception as exc:
+            if self._closing:
+                return
+            # A comparison collective failed (a peer is gone, stalled past the gloo
+            # timeout, or its group broke). The checker can no longer vouch for the
+            # group, and a silently dead thread would leave the rank running unguarded:
+            # end the rank, as a divergence does, so the group restarts.
+            logger.critical(
+                "lockstep: the consensus check failed (%s: %s); ending the rank",
+                type(exc).__name__,
+                exc,
+            )
+            for handler in [*logger.handlers, *logging.getLogger().handlers]:
+                handler.flush()
+            self._exit_fn(CHECK_FAILED_EXIT_CODE)
+
+    def _compare_forever(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
