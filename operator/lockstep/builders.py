@@ -183,6 +183,8 @@ def build_group_pods(
                 "failureThreshold": 3,
             },
             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            # The pod agent's `POST /stacks` runs py-spy on the rank processes.
+            "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}},
         }
         volumes: list[Obj] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
         weights = pdd.spec.model.weights

@@ -328,7 +328,8 @@ def probe_targets(
     return ProbeTarget(
         key=(*key_prefix, role, group),
         epoch=record.epoch,
-        probe_url=f"http://{ip}:{c.PORT_HTTP}/lockstep/probe",
+        # The runtime bounds its own wait below ours, so a probe never outlives the request.
+        probe_url=f"http://{ip}:{c.PORT_HTTP}/lockstep/probe?timeout={health.timeout_seconds * 0.8:g}",
         agents=agents,
         period=float(health.period_seconds),
         timeout=float(health.timeout_seconds),

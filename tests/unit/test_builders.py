@@ -160,3 +160,10 @@ def test_spec_hash_changes_with_the_pod_template_only() -> None:
     assert hashes(base) == hashes(pdd_obj())
     changed = pdd_obj(decode={"tp": 1, "gpusPerPod": 1, "args": ["--trust-remote-code"]})
     assert hashes(base) != hashes(changed)
+
+
+def test_sglang_container_may_be_traced_for_stacks() -> None:
+    pdd = deepseek()
+    pod = build_group_pods(pdd, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[0]
+    caps = pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
+    assert caps == ["SYS_PTRACE"]
