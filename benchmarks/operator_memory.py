@@ -16,8 +16,9 @@ import json
 import time
 import tracemalloc
 
-import lockstep.handlers  # noqa: F401  (the operator's import footprint)
 import psutil
+
+import lockstep.handlers  # noqa: F401  (the operator's import footprint)
 from lockstep.control import dump_records
 from lockstep.prober import HISTORY, AgentResult, ProbeBook, ProbeSample, ProbeTarget
 from lockstep.recovery import GroupRecord, IncidentRecord, PodRef, Step

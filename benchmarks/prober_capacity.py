@@ -15,6 +15,7 @@ import multiprocessing as mp
 import time
 
 import httpx
+
 from lockstep.handlers import PROBE_POOL as POOL
 from lockstep.models import HealthSpec
 from lockstep.prober import ProbeBook, Prober, ProbeTarget

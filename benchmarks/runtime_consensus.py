@@ -68,6 +68,7 @@ class Worker:
 
     def __init__(self, rank: int, world: int, workdir: Path) -> None:
         import torch.distributed as dist
+
         from lockstep_sglang.collectives import CollectiveTracer
         from lockstep_sglang.consensus import (
             ConsensusChecker,

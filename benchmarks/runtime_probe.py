@@ -36,6 +36,7 @@ PERIODS_S = (1.0, 5.0, 10.0)
 
 def worker_main(args: argparse.Namespace) -> int:
     import zmq
+
     from lockstep_sglang.probe import (
         ProbeGroup,
         ProbeReply,
@@ -98,6 +99,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
 async def drive(workdir: Path, quiet_s: float, probing_s: float, interval: float) -> list[float]:
     import zmq
+
     from lockstep_sglang.probe import ProbeGate, ProbeReply, ProbeRequest
 
     ctx = zmq.Context()

@@ -24,6 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from factories import GOOD_EXAMPLES
+
 from lockstep.builders import build_all
 from lockstep.cli import build_parser
 from lockstep.models import parse_pddeployment

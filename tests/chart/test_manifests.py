@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from factories import GOOD_EXAMPLES, REPO
+
 from lockstep.builders import build_all
 from lockstep.models import parse_pddeployment
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from lockstep.localcluster import (
     ControlPlaneError,
     ControlPlaneExtension,

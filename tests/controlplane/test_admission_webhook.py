@@ -15,6 +15,7 @@ import yaml
 from harness import GROUP, PLURAL, REPO, VERSION, OperatorProcess, install_crd, wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+
 from lockstep.localcluster.controlplane import LocalControlPlane, find_kubectl
 
 CONFIG = "lk-lockstep"

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from factories import pdd_obj
+
 from lockstep.builders import build_group_pods, dist_port
 from lockstep.localcluster import LocalControlPlane
 from lockstep.localcluster.kubelet import GPU_PRODUCT_LABEL, NodeShape, ProcessKubelet

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from lockstep.localcluster import LocalControlPlane
 
 WAIT = 30.0

@@ -25,6 +25,7 @@ from harness import (
     wait_for,
 )
 from kubernetes import client as k8s
+
 from lockstep.localcluster.controlplane import LocalControlPlane
 
 NAME = "qwen-small"

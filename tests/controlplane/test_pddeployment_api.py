@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from factories import REPO, load_example, with_path
+
 from lockstep.localcluster import LocalControlPlane
 
 PDD_CRD = REPO / "crds" / "pddeployments.lockstep.dev.yaml"

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import zmq
+
 from lockstep_sglang import gloo_timeout
 from lockstep_sglang.consensus import create_dedicated_groups
 from lockstep_sglang.probe import ProbeRequest, drop_expired

@@ -16,6 +16,7 @@ WORLD = 2
 
 def rank_main(rank: int, store: str) -> None:
     import torch.distributed as dist
+
     from lockstep_sglang import gloo_timeout
     from lockstep_sglang.consensus import ConsensusChecker
 

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import zmq
 from dist_support import RankGroup, wait_until
+
 from lockstep_sglang.probe import ProbeGate, ProbeOutcome, ProbeReply, ProbeRequest
 
 

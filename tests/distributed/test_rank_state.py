@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from dist_support import wait_until
+
 from lockstep_sglang.agent import PodAgent
 from lockstep_sglang.rank_state import archive_previous, read_rank_state, read_rank_states
 

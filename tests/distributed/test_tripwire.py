@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from dist_support import RankGroup, wait_until
+
 from lockstep_sglang.agent import PodAgent
 from lockstep_sglang.consensus import DIVERGENCE_EXIT_CODE
 

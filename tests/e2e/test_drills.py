@@ -5,6 +5,7 @@ scenario; each has a hard timeout so a hang fails the test instead of CI."""
 from __future__ import annotations
 
 import pytest
+
 from lockstep.dev.drills import DrillResult, run_drill
 
 

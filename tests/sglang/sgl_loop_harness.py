@@ -31,13 +31,14 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # SGLang's CUDA-only import warnings on CPU
     import torch
     import torch.distributed as dist
-    from lockstep_sglang import hooks
-    from lockstep_sglang.config import RuntimeConfig
     from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
     from sglang.srt.managers.schedule_batch import NextBatchPlan
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.utils import common as sglang_common
     from sglang.srt.utils import rank_consensus_checker as rcc
+
+    from lockstep_sglang import hooks
+    from lockstep_sglang.config import RuntimeConfig
 
 
 class FakeBatch:

@@ -16,6 +16,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+
 from lockstep_sglang import pins
 from lockstep_sglang.config import RuntimeConfig
 from lockstep_sglang.consensus import DIVERGENCE_EXIT_CODE
@@ -175,8 +176,9 @@ def test_sglang_gloo_groups_get_the_configured_bound_instead_of_two_hours(
     import inspect
 
     import torch.distributed as dist
-    from lockstep_sglang.gloo_timeout import group_timeout
     from sglang.srt.distributed.parallel_state import GroupCoordinator
+
+    from lockstep_sglang.gloo_timeout import group_timeout
 
     default = inspect.signature(GroupCoordinator.__init__).parameters["gloo_timeout"].default
     assert default == timedelta(hours=2)  # what SGLang 0.5.23 would use

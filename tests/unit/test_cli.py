@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from factories import EXAMPLES, REPO
+
 from lockstep.cli import main
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from factories import GOOD_EXAMPLES, pdd_obj, with_path
+
 from lockstep.models import InvalidPDDeployment, parse_pddeployment
 
 BASE = pdd_obj()

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from factories import pdd_obj, with_path
+
 from lockstep.models import parse_pddeployment
 from lockstep.policy import RULES, Finding, PolicyResult, evaluate
 from lockstep.policy.flags import load_flag_table

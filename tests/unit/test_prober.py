@@ -7,6 +7,7 @@ import json
 import random
 
 import httpx
+
 from lockstep.prober import AgentResult, ProbeBook, Prober, ProbeSample, ProbeTarget
 
 KEY = ("ns", "m", "decode", 0)

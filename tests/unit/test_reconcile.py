@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from factories import load_example, pdd_obj
+
 from lockstep import constants as c
 from lockstep.builders import build_all
 from lockstep.models import PDDeployment, parse_pddeployment

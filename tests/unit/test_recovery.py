@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 from factories import pdd_obj, with_path
+
 from lockstep.models import (
     BackoffSpec,
     BudgetSpec,

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+
 from lockstep import constants as c
 from lockstep.verdicts import (
     MAX_EVIDENCE_ITEMS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cryptography import x509
 from factories import load_example
+
 from lockstep.webhook import review, self_signed_certificate, service_dns_names
 
 
