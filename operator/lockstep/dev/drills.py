@@ -224,8 +224,10 @@ class Drill:
 
     def spec_overrides(self) -> dict[str, Any]:
         if self.scenario == "baseline":
-            # The alternative without lockstep: no rank consensus guard, SGLang's gloo
-            # timeout left long, nobody restarts the group.
+            # The alternative without lockstep: the runtime's decision consensus off (plain
+            # SGLang has none in its loops), SGLang's gloo timeout left long, and nobody
+            # restarts the group (the operator only observes).
+            no_guard = [{"name": "LOCKSTEP_CONSENSUS", "value": "0"}]
             return {
                 "safety": {
                     "mode": "Warn",
@@ -233,6 +235,8 @@ class Drill:
                     "glooTimeoutSeconds": 3600,
                 },
                 "recovery": {"policy": "ObserveOnly"},
+                "prefill": {"env": no_guard},
+                "decode": {"env": no_guard},
             }
         if self.scenario == "flapping":
             return {
