@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import statistics
 import subprocess
 import sys
@@ -37,30 +36,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from lockstep_sglang.standalone import broadcast_pyobj
+
 MODES = ("baseline", "rank_state", "consensus")
 BATCH_SIZE = 64
-
-
-def broadcast_pyobj(data: list[Any] | None, rank: int, group: Any, src: int = 0) -> list[Any]:
-    """SGLang's ``broadcast_pyobj`` protocol (size, then pickled bytes) on gloo."""
-    import torch
-    import torch.distributed as dist
-
-    if rank == src:
-        payload = pickle.dumps(data or [])
-        size = torch.tensor([len(payload)], dtype=torch.long)
-        dist.broadcast(size, src=src, group=group)
-        if len(payload):
-            dist.broadcast(
-                torch.frombuffer(bytearray(payload), dtype=torch.uint8), src=src, group=group
-            )
-        return data or []
-    size = torch.tensor([0], dtype=torch.long)
-    dist.broadcast(size, src=src, group=group)
-    buf = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(buf, src=src, group=group)
-    result: list[Any] = pickle.loads(bytes(buf.numpy()))
-    return result
 
 
 class Worker:

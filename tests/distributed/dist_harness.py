@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import sys
 import threading
 import time
@@ -33,25 +32,7 @@ import zmq
 from lockstep_sglang import gloo_timeout
 from lockstep_sglang.consensus import create_dedicated_groups
 from lockstep_sglang.probe import ProbeRequest, drop_expired
-from lockstep_sglang.standalone import StandaloneRank
-
-
-def broadcast_pyobj(data: list[Any] | None, rank: int, group: Any, src: int = 0) -> list[Any]:
-    """SGLang's ``broadcast_pyobj`` protocol: a size, then the pickled bytes."""
-    if rank == src:
-        payload = pickle.dumps(data or [])
-        size = torch.tensor([len(payload)], dtype=torch.long)
-        dist.broadcast(size, src=src, group=group)
-        dist.broadcast(
-            torch.frombuffer(bytearray(payload), dtype=torch.uint8), src=src, group=group
-        )
-        return data or []
-    size = torch.tensor([0], dtype=torch.long)
-    dist.broadcast(size, src=src, group=group)
-    buf = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(buf, src=src, group=group)
-    result: list[Any] = pickle.loads(bytes(buf.numpy()))
-    return result
+from lockstep_sglang.standalone import StandaloneRank, broadcast_pyobj
 
 
 class Batch:

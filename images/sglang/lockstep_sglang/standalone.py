@@ -26,11 +26,12 @@ probes. A loop using it::
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lockstep_sglang.collectives import CollectiveTracer, trace_torch_distributed
 from lockstep_sglang.consensus import DEFAULT_PAUSE_S, ConsensusChecker, DecisionRecorder
@@ -112,3 +113,28 @@ class StandaloneRank:
         """Compare what is still queued and stop the consensus thread."""
         if self.checker is not None:
             self.checker.close()
+
+
+def broadcast_pyobj(data: list[Any] | None, rank: int, group: Any, src: int = 0) -> list[Any]:
+    """SGLang's ``broadcast_pyobj`` protocol on a gloo group: a size, then pickled bytes.
+
+    The one copy used by the stand-in server, the distributed tests and the benchmarks
+    (SGLang's own lives in ``sglang.srt.utils.common`` and is traced by the hooks).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if rank == src:
+        payload = pickle.dumps(data or [])
+        size = torch.tensor([len(payload)], dtype=torch.long)
+        dist.broadcast(size, src=src, group=group)
+        dist.broadcast(
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8), src=src, group=group
+        )
+        return data or []
+    size = torch.tensor([0], dtype=torch.long)
+    dist.broadcast(size, src=src, group=group)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(buf, src=src, group=group)
+    result: list[Any] = pickle.loads(bytes(buf.numpy()))
+    return result

@@ -29,7 +29,6 @@ import argparse
 import ctypes
 import logging
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -48,7 +47,7 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 from lockstep_sglang import gloo_timeout
 from lockstep_sglang.consensus import create_dedicated_groups
 from lockstep_sglang.probe import ProbeRequest, drop_expired
-from lockstep_sglang.standalone import StandaloneRank
+from lockstep_sglang.standalone import StandaloneRank, broadcast_pyobj
 from lockstep_sglang.standin.faults import FAULT_FILE, FaultWatcher
 from lockstep_sglang.standin.protocol import (
     AbortRequest,
@@ -66,24 +65,6 @@ logger = logging.getLogger("lockstep_sglang.standin.scheduler")
 
 MAX_PULL = 512  # messages rank 0 takes from the HTTP server per iteration
 PR_SET_PDEATHSIG = 1
-
-
-def broadcast_pyobj(data: list[Any] | None, rank: int, group: Any, src: int = 0) -> list[Any]:
-    """SGLang's ``broadcast_pyobj`` protocol on a gloo group: a size, then pickled bytes."""
-    if rank == src:
-        payload = pickle.dumps(data or [])
-        size = torch.tensor([len(payload)], dtype=torch.long)
-        dist.broadcast(size, src=src, group=group)
-        dist.broadcast(
-            torch.frombuffer(bytearray(payload), dtype=torch.uint8), src=src, group=group
-        )
-        return data or []
-    size = torch.tensor([0], dtype=torch.long)
-    dist.broadcast(size, src=src, group=group)
-    buf = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(buf, src=src, group=group)
-    result: list[Any] = pickle.loads(bytes(buf.numpy()))
-    return result
 
 
 @dataclass
