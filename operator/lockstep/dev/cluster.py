@@ -101,10 +101,24 @@ class OperatorProcess:
 class DevCluster:
     """Control plane + process kubelet + operator, in a working directory."""
 
-    def __init__(self, workdir: Path, *, nodes: int = 4, gpus_per_node: int = 8) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        nodes: int = 4,
+        gpus_per_node: int = 8,
+        audit_log: bool = False,
+        before_operator: Callable[[LocalControlPlane], Path | None] | None = None,
+    ) -> None:
+        """`before_operator` runs once the control plane and kubelet are up and may
+        return a kubeconfig for the operator to use instead of the admin one (e.g. the
+        chart's ServiceAccount bound to the chart's RBAC, for the least-privilege drill);
+        `audit_log` turns the API server's audit log on."""
         self.workdir = workdir
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
+        self.audit_log = audit_log
+        self.before_operator = before_operator
         self._stack = ExitStack()
         self.cp: LocalControlPlane | None = None
         self.kubelet: ProcessKubelet | None = None
@@ -116,7 +130,11 @@ class DevCluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             self.cp = self._stack.enter_context(
-                LocalControlPlane(workdir=self.workdir / "controlplane", crds=[crd_path()])
+                LocalControlPlane(
+                    workdir=self.workdir / "controlplane",
+                    crds=[crd_path()],
+                    audit_log=self.audit_log,
+                )
             )
             self.kubelet = self._stack.enter_context(
                 ProcessKubelet(
@@ -126,7 +144,10 @@ class DevCluster:
                     root_dir=self.workdir / "kubelet",
                 )
             )
-            self.operator = OperatorProcess(self.cp.kubeconfig, self.workdir / "operator.log")
+            kubeconfig = self.before_operator(self.cp) if self.before_operator else None
+            self.operator = OperatorProcess(
+                kubeconfig or self.cp.kubeconfig, self.workdir / "operator.log"
+            )
             self.operator.start()
             self._stack.callback(self.operator.stop)
         except BaseException:

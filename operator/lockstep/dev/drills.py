@@ -16,7 +16,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -105,7 +105,10 @@ class Drill:
         workdir: Path | None = None,
         observer: Observer | None = None,
         timeout_s: float = 240.0,
+        cluster_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
+        audit log for the least-privilege drill)."""
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
         self.scenario = scenario
@@ -113,7 +116,7 @@ class Drill:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"lockstep-drill-{scenario}-"))
         self.observer = observer
         self.timeout_s = timeout_s
-        self.cluster = DevCluster(self.workdir)
+        self.cluster = DevCluster(self.workdir, **dict(cluster_options or {}))
         self.traffic: Traffic | None = None
         self.result = DrillResult(scenario)
         self.drained_at: float | None = None
