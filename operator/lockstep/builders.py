@@ -10,6 +10,8 @@ The shape of a deployment named `m` in namespace `ns`:
   includes the epoch), through which every rank finds rank 0 for the torch.distributed
   rendezvous (`--dist-init-addr`), whose port also moves with the epoch, so a rank of
   an old epoch can never join a new one;
+- one Secret `m-agent-token` holding the token the pod agents require on
+  `POST /restart` (the operator's in-place group restart); pods read it from env;
 - the sglang-router (PD mode, Kubernetes service discovery on the role selectors of the
   rank-0 pods, which are the only ones that serve HTTP), with its ServiceAccount and a
   Role to watch pods, a Deployment and a Service.
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import secrets
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lockstep import constants as c
@@ -121,10 +124,35 @@ def _resources(role: RoleSpec) -> Obj:
     return {"requests": requests, "limits": limits}
 
 
+def agent_token_secret_name(pdd: PDDeployment) -> str:
+    """The Secret holding the pod agents' restart token."""
+    return f"{pdd.metadata.name}-agent-token"
+
+
+def build_agent_token_secret(pdd: PDDeployment, token: str) -> Obj:
+    """The restart token's Secret (the operator generates the token once)."""
+    labels = {c.LABEL_COMPONENT: "agent-token"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(pdd, agent_token_secret_name(pdd), labels),
+        "type": "Opaque",
+        "stringData": {c.AGENT_TOKEN_KEY: token},
+    }
+
+
 def _env(pdd: PDDeployment, role: RoleSpec, policy: RolePolicy, epoch: int) -> list[Obj]:
     env: list[Obj] = [{"name": k, "value": v} for k, v in sorted(policy.env.items())]
     env.append({"name": c.ENV_GROUP_EPOCH, "value": str(epoch)})
     env.append({"name": c.ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    env.append(
+        {
+            "name": c.ENV_AGENT_TOKEN,
+            "valueFrom": {
+                "secretKeyRef": {"name": agent_token_secret_name(pdd), "key": c.AGENT_TOKEN_KEY}
+            },
+        }
+    )
     for var in role.env:
         item: Obj = {"name": var.name}
         if var.value_from is not None:
@@ -136,9 +164,43 @@ def _env(pdd: PDDeployment, role: RoleSpec, policy: RolePolicy, epoch: int) -> l
 
 
 def build_group_pods(
+    pdd: PDDeployment,
+    role_name: str,
+    group: int,
+    epoch: int,
+    policy: RolePolicy,
+    *,
+    avoid_nodes: Sequence[str] = (),
+) -> list[Obj]:
+    """Every pod of one TP group in one epoch, rank 0 first.
+
+    The spec-hash annotation names the template, not the epoch (it is the hash of the
+    same pod in epoch 0), so a group restarted in place into a new epoch is not stale.
+    `avoid_nodes`: nodes the scheduler should avoid when it can (a preferred node
+    anti-affinity, after a group was recreated away from a failing rank's node); it is
+    not part of the template either.
+    """
+    pods = _group_pods(pdd, role_name, group, epoch, policy)
+    template = pods if epoch == 0 else _group_pods(pdd, role_name, group, 0, policy)
+    for pod, tmpl in zip(pods, template, strict=True):
+        pod["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH] = spec_hash(tmpl["spec"])
+        if avoid_nodes:
+            pod["spec"]["affinity"] = _avoid(avoid_nodes)
+    return pods
+
+
+def _avoid(nodes: Sequence[str]) -> Obj:
+    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}]}
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
+        }
+    }
+
+
+def _group_pods(
     pdd: PDDeployment, role_name: str, group: int, epoch: int, policy: RolePolicy
 ) -> list[Obj]:
-    """Every pod of one TP group in one epoch, rank 0 first."""
     role = pdd.spec.role(role_name)
     pods = []
     for rank in range(role.pods_per_group):
@@ -228,7 +290,7 @@ def build_group_pods(
         if role.priority_class_name:
             pod_spec["priorityClassName"] = role.priority_class_name
         meta = _metadata(pdd, name, labels)
-        meta["annotations"] = {c.ANNOTATION_SPEC_HASH: spec_hash(pod_spec)}
+        meta["annotations"] = {}
         if role_name == "prefill" and leader:
             # sglang-router reads a prefill worker's bootstrap port from this annotation.
             meta["annotations"]["sglang.ai/bootstrap-port"] = str(c.PORT_BOOTSTRAP)
@@ -368,14 +430,18 @@ def build_all(
     pdd: PDDeployment,
     policy: PolicyResult | None = None,
     epochs: Mapping[tuple[str, int], int] | None = None,
+    agent_token: str | None = None,
 ) -> list[Obj]:
-    """Every object of a deployment: groups (Service then pods) per role, then router.
+    """Every object of a deployment: the agent-token Secret, groups (Service then pods)
+    per role, then the router.
 
-    `epochs` maps (role, group) to the group's current epoch (0 when absent).
+    `epochs` maps (role, group) to the group's current epoch (0 when absent);
+    `agent_token`: the restart token (None: a fresh random one, as the operator makes).
     """
     policy = policy or evaluate(pdd.spec)
     epochs = epochs or {}
-    objects: list[Obj] = []
+    token = agent_token if agent_token is not None else secrets.token_urlsafe(32)
+    objects: list[Obj] = [build_agent_token_secret(pdd, token)]
     for role_name in c.ROLES:
         role = pdd.spec.role(role_name)
         for group in range(role.replicas):

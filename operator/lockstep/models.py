@@ -254,6 +254,25 @@ class DiagnosticsSpec(_Model):
     )
 
 
+class InPlaceSpec(_Model):
+    """In-place restarts: when to give up on one and recreate the group's pods instead."""
+
+    restart_timeout_seconds: int = Field(
+        120,
+        ge=10,
+        le=3600,
+        description="Every container of the group must have restarted within this; "
+        "otherwise the group is recreated.",
+    )
+    escalation_window_seconds: int = Field(
+        900,
+        ge=0,
+        le=86400,
+        description="A group that fails again within this long after an in-place restart "
+        "is recreated (new pods, other nodes preferred) instead.",
+    )
+
+
 class RecoverySpec(_Model):
     """What the operator does with a broken group."""
 
@@ -261,6 +280,18 @@ class RecoverySpec(_Model):
         "RestartGroup",
         description="RestartGroup: restart the whole TP group; ObserveOnly: verdicts and "
         "incidents only.",
+    )
+    mode: Literal["InPlace", "Recreate"] = Field(
+        "InPlace",
+        description="InPlace: every pod agent of the group restarts its container at once "
+        "(same pods and nodes, image and page cache warm), escalating to Recreate when an "
+        "agent does not answer, a container does not come back or the group fails again "
+        "soon; Recreate: delete the group's pods and create new ones.",
+    )
+    in_place: InPlaceSpec = Field(
+        default_factory=InPlaceSpec,
+        description="In-place restart settings.",
+        json_schema_extra=_obj_default(),
     )
     max_concurrent_group_restarts: int = Field(
         1, ge=1, le=64, description="Groups of one role restarting at once."

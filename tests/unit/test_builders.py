@@ -168,3 +168,61 @@ def test_sglang_container_may_be_traced_for_stacks() -> None:
     pod = build_group_pods(pdd, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[0]
     caps = pod["spec"]["containers"][0]["securityContext"]["capabilities"]["add"]
     assert caps == ["SYS_PTRACE"]
+
+
+def test_the_template_hash_ignores_the_epoch_so_an_in_place_restart_is_not_a_roll() -> None:
+    pdd = deepseek()
+    policy = evaluate(pdd.spec).roles["decode"]
+    at0 = build_group_pods(pdd, "decode", 0, 0, policy)
+    at7 = build_group_pods(pdd, "decode", 0, 7, policy)
+    hashes = [
+        [p["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH] for p in ps] for ps in (at0, at7)
+    ]
+    assert hashes[0] == hashes[1]
+    # ...while the pods themselves do move with the epoch, and a template change moves it.
+    assert at7[1]["metadata"]["labels"][c.LABEL_EPOCH] == "7"
+    obj = load_example("deepseek-v3")
+    obj["spec"]["decode"]["resources"] = {"requests": {"cpu": "3"}, "limits": {}}
+    changed = parse_pddeployment(obj)
+    other = build_group_pods(changed, "decode", 0, 7, evaluate(changed.spec).roles["decode"])
+    assert other[0]["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH] != hashes[0][0]
+
+
+def test_every_pod_reads_the_restart_token_from_the_deployments_secret() -> None:
+    pdd = deepseek()
+    objects = build_all(pdd, agent_token="t0ken")
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    assert secret["metadata"]["name"] == "deepseek-v3-agent-token"
+    assert secret["stringData"] == {"token": "t0ken"}
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    for pod in (o for o in objects if o["kind"] == "Pod"):
+        (var,) = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == c.ENV_AGENT_TOKEN]
+        assert var["valueFrom"]["secretKeyRef"] == {
+            "name": "deepseek-v3-agent-token",
+            "key": "token",
+        }
+        assert "value" not in var
+    # Rendered without a token, every render gets a fresh random one, never a fixed one.
+    tokens = {
+        o["stringData"]["token"] for _ in range(2) for o in build_all(pdd) if o["kind"] == "Secret"
+    }
+    assert len(tokens) == 2 and all(len(t) >= 32 for t in tokens)
+
+
+def test_a_recreated_group_prefers_other_nodes_than_the_failing_ranks() -> None:
+    pdd = deepseek()
+    policy = evaluate(pdd.spec).roles["decode"]
+    plain = build_group_pods(pdd, "decode", 0, 3, policy)
+    avoiding = build_group_pods(pdd, "decode", 0, 3, policy, avoid_nodes=["gpu-b", "gpu-a"])
+    assert all("affinity" not in p["spec"] for p in plain)
+    for pod in avoiding:
+        (pref,) = pod["spec"]["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert pref["preference"]["matchFields"] == [
+            {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-a", "gpu-b"]}
+        ]
+    # A preference, not a template change: the group is not rolled for it.
+    assert [p["metadata"]["annotations"] for p in plain] == [
+        p["metadata"]["annotations"] for p in avoiding
+    ]
