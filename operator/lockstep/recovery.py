@@ -19,15 +19,33 @@ Contract with the I/O layer (what makes every step idempotent):
 4. While the record is in `Deleting`, `WaitingGone` or `Creating` the reconciler must not
    create pods for the group (`reconciler_may_create_pods`): recovery owns them.
 
-The steps (Recreate mode; issue 8 adds InPlace steps beside Deleting..Creating):
+The steps:
 
     Starting ─probe ok─> Readmitting ─gate true─> Healthy ─failure─> Suspect
     Suspect ─threshold or immediate verdict─> Draining (or Observing, or deferred)
     Draining ─gate false everywhere─> CapturingEvidence ─> AwaitingRestart
     AwaitingRestart ─budget spent─> Quarantined (until a manual request)
-    AwaitingRestart ─backoff over, slot free─> Deleting ─> WaitingGone ─old pods gone─>
-    Creating ─new pods present─> WaitingProbe ─probe ok─> Readmitting ─> Healthy
+    AwaitingRestart ─backoff over, slot free, mode InPlace─> RestartingInPlace
+    RestartingInPlace ─every container restarted─> WaitingProbe
+    RestartingInPlace ─an agent refused or did not answer, a pod vanished, or a container
+        did not restart within inPlace.restartTimeoutSeconds─> Deleting (escalation)
+    AwaitingRestart ─backoff over, slot free, mode Recreate─> Deleting ─> WaitingGone
+    WaitingGone ─old pods gone─> Creating ─new pods present─> WaitingProbe
+    WaitingProbe ─probe ok─> Readmitting ─> Healthy
     WaitingProbe / Starting ─startup grace over, or the new epoch broke─> Draining
+
+Restart modes (`recovery.mode`, decided per attempt in AwaitingRestart and kept in the
+record): `InPlace` asks every pod agent of the group to restart its container into the
+next epoch at the same moment (`RestartInPlace`: the I/O layer relabels the pods with the
+new epoch, then posts to every agent once; the agents are idempotent per epoch, so a
+replay after an operator crash restarts nothing twice). The same pods, nodes and IPs come
+back with the image present and the weights in the page cache. It escalates to `Recreate`
+(delete and create the group's pods, preferring other nodes than the culprits') when an
+agent does not accept, a pod vanishes or a container does not come back in time, and an
+attempt starts as `Recreate` when the group failed again within
+`inPlace.escalationWindowSeconds` of its last in-place restart or when the group's pods
+are not all there to restart. The incident's action says which mode ran and why it
+escalated.
 
 Guard rails across the groups of a role (`plan_role`), judged on the records as they
 were at the start of the round so the outcome does not depend on group order:
@@ -85,6 +103,7 @@ class Step(StrEnum):
     DRAINING = "Draining"
     CAPTURING_EVIDENCE = "CapturingEvidence"
     AWAITING_RESTART = "AwaitingRestart"
+    RESTARTING_IN_PLACE = "RestartingInPlace"
     DELETING = "Deleting"
     WAITING_GONE = "WaitingGone"
     CREATING = "Creating"
@@ -95,7 +114,14 @@ class Step(StrEnum):
 
 # A restart slot of the role is held from the first delete to re-admission.
 RESTARTING_STEPS = frozenset(
-    {Step.DELETING, Step.WAITING_GONE, Step.CREATING, Step.WAITING_PROBE, Step.READMITTING}
+    {
+        Step.RESTARTING_IN_PLACE,
+        Step.DELETING,
+        Step.WAITING_GONE,
+        Step.CREATING,
+        Step.WAITING_PROBE,
+        Step.READMITTING,
+    }
 )
 # Steps of a group known to be broken and not on its way back yet.
 BROKEN_STEPS = frozenset(
@@ -108,7 +134,9 @@ BROKEN_STEPS = frozenset(
     }
 )
 # Steps in which recovery, not the reconciler, decides which pods exist.
-POD_OWNING_STEPS = frozenset({Step.DELETING, Step.WAITING_GONE, Step.CREATING})
+POD_OWNING_STEPS = frozenset(
+    {Step.RESTARTING_IN_PLACE, Step.DELETING, Step.WAITING_GONE, Step.CREATING}
+)
 
 
 class Reason(StrEnum):
@@ -124,6 +152,8 @@ class Reason(StrEnum):
     RESTART_FAILED = "GroupRestartFailed"
     DRAINED = "GroupDrained"
     RESTARTED = "GroupRestarted"
+    RESTARTING_IN_PLACE = "GroupRestartingInPlace"
+    ESCALATED = "GroupRestartEscalated"
     FORCE_DELETED = "GroupForceDeleted"
     READY = "GroupReady"
     READMITTED = "GroupReadmitted"
@@ -167,6 +197,10 @@ class IncidentRecord(_Frozen):
     evidence: str = ""
     action: str = ""
     attempts: int = 0
+    # Why the last attempt recreated the group instead of restarting it in place.
+    escalation: str = ""
+    # Pods the verdict implicated (their nodes are avoided when the group is recreated).
+    culprits: tuple[str, ...] = ()
 
 
 class GroupRecord(_Frozen):
@@ -179,8 +213,8 @@ class GroupRecord(_Frozen):
     role: Role
     index: int = Field(ge=0)
     step: Step = Step.STARTING
-    # The restart mechanism of the recovery in flight; issue 8 adds "InPlace".
-    mode: Literal["Recreate"] = "Recreate"
+    # The restart mechanism of the recovery in flight (decided per attempt).
+    mode: Literal["InPlace", "Recreate"] = "Recreate"
     epoch: int = Field(0, ge=0)
     step_since: float = 0.0
     epoch_started_at: float = 0.0
@@ -204,6 +238,11 @@ class GroupRecord(_Frozen):
     # Restart count of each pod (by UID) when its epoch started or was adopted: pass it
     # to `GroupObservation.restart_baseline`, so only a restart after that is a RankDown.
     restart_baseline: dict[str, int] = Field(default_factory=dict)
+    # In place: each old pod's restart count (by UID) when its agent was asked to restart.
+    asked_counts: dict[str, int] = Field(default_factory=dict)
+    last_in_place_at: float | None = None
+    # Recreate: nodes the new pods should avoid when capacity allows.
+    avoid_nodes: tuple[str, ...] = ()
 
     def to_json(self) -> str:
         """The compact JSON stored in the group's annotation."""
@@ -299,10 +338,23 @@ class DeletePods:
 
 
 @dataclass(frozen=True)
+class RestartInPlace:
+    """Restart these pods' containers in place into `epoch`: relabel each pod with the
+    epoch (UID as precondition), then `POST /restart` to each pod agent once. A pod whose
+    relabel or request fails is reported back in `GroupInput.restart_failures`."""
+
+    pods: tuple[PodRef, ...]
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class CreateEpoch:
-    """Create every pod (and the headless Service) of the group in `epoch` (409 = done)."""
+    """Create every pod (and the headless Service) of the group in `epoch` (409 = done),
+    preferring nodes other than `avoid_nodes`."""
 
     epoch: int
+    avoid_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -338,6 +390,7 @@ class EmitEvent:
 Action = (
     SetGate
     | CaptureEvidence
+    | RestartInPlace
     | DeletePods
     | CreateEpoch
     | OpenIncident
@@ -354,11 +407,14 @@ class GroupInput:
     `pods`: every pod of the group the API server lists (any epoch). `verdict`: this
     round's classification, or None when the group was not probed this round.
     `manual_request`: the id of the group's restart request, if one is set.
+    `restart_failures`: pod UID -> why its in-place restart into the record's epoch could
+    not be asked (relabel refused, agent unreachable or refusing).
     """
 
     pods: tuple[PodView, ...] = ()
     verdict: GroupVerdict | None = None
     manual_request: str | None = None
+    restart_failures: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -614,7 +670,7 @@ class _Planner:
             self._open_incident(
                 MANUAL_VERDICT, f"manual restart request {req}", "", first_failure=self.now
             )
-        self._set_action(f"drain and restart the whole group ({self.rec.mode}) on request {req}")
+        self._set_action(f"drain and restart the whole group on request {req}")
         self.event(Reason.RESTART_REQUESTED, f"restart requested ({req})")
         self.goto(Step.DRAINING, manual=True, failures=0, first_failure_at=None)
         return True
@@ -622,7 +678,12 @@ class _Planner:
     # -- incidents
 
     def _open_incident(
-        self, verdict: str, reason: str, evidence: str, first_failure: float
+        self,
+        verdict: str,
+        reason: str,
+        evidence: str,
+        first_failure: float,
+        culprits: frozenset[str] = frozenset(),
     ) -> None:
         seq = self.rec.incident_seq + 1
         incident = IncidentRecord(
@@ -633,6 +694,7 @@ class _Planner:
             first_failure_at=first_failure,
             detected_at=self.now,
             evidence=_bound(evidence, self.s.recovery.diagnostics.max_evidence_bytes),
+            culprits=tuple(sorted(culprits)),
         )
         self.update(incident=incident, incident_seq=seq, healthy_since=None)
         self.actions.append(OpenIncident(self._incident_model(incident)))
@@ -696,7 +758,9 @@ class _Planner:
         first = (
             self.rec.first_failure_at if self.rec.first_failure_at is not None else v.observed_at
         )
-        self._open_incident(v.verdict.value, v.reason, _evidence_text(v), first_failure=first)
+        self._open_incident(
+            v.verdict.value, v.reason, _evidence_text(v), first_failure=first, culprits=v.culprits
+        )
         self.event(
             _VERDICT_REASON.get(v.verdict, Reason.UNRESPONSIVE),
             f"{v.verdict} in epoch {self.rec.epoch}: {v.reason}",
@@ -722,7 +786,7 @@ class _Planner:
                 "group is still coming back",
             )
             return
-        self._set_action(f"drain and restart the whole group ({self.rec.mode}){note}")
+        self._set_action(f"drain and restart the whole group{note}")
         self.goto(Step.DRAINING, failures=0, first_failure_at=None)
 
     def _attempt_failed(self, reason: str, verdict: str) -> None:
@@ -858,23 +922,171 @@ class _Planner:
                 f"(maxConcurrentGroupRestarts={rs.max_concurrent_group_restarts})",
             )
             return
-        # Snapshot the pods to delete before the first delete: every retry of the delete
-        # then names the same UIDs, whatever the API server shows by then.
         window = rs.budget.window_seconds
         times = (*(t for t in rec.restart_times if self.now - t < window), self.now)
         attempts = rec.incident.attempts + 1 if rec.incident else 1
         if rec.incident is not None:
             self.update(incident=rec.incident.model_copy(update={"attempts": attempts}))
+        counted = {
+            "restarts": rec.restarts + 1,
+            "restart_times": times[-MAX_RESTART_TIMES:],
+            "backoff_streak": rec.backoff_streak + 1,
+            "last_restart_at": self.now,
+            "manual": False,
+        }
+        why_not = self._why_not_in_place()
+        if why_not is None:
+            self._restart_in_place(attempts, counted)
+            return
+        culprits = set(rec.incident.culprits) if rec.incident else set()
+        if rs.mode == "InPlace":
+            self._note_escalation(why_not)
+            self._set_action(f"restart the whole group (Recreate; attempt {attempts}): {why_not}")
+        else:
+            self._set_action(f"restart the whole group (Recreate; attempt {attempts})")
+        self._recreate(culprits, **counted)
+
+    def _note_escalation(self, why: str) -> None:
+        if self.rec.incident is not None:
+            incident = self.rec.incident.model_copy(update={"escalation": why})
+            self.update(incident=incident)
+
+    def _why_not_in_place(self) -> str | None:
+        """Why this attempt must recreate the group (None: restart it in place)."""
+        rs, rec = self.s.recovery, self.rec
+        if rs.mode == "Recreate":
+            return "recovery.mode is Recreate"
+        window = rs.in_place.escalation_window_seconds
+        if rec.last_in_place_at is not None and self.now - rec.last_in_place_at < window:
+            return (
+                f"failed again {self.now - rec.last_in_place_at:.0f}s after an in-place "
+                f"restart (inPlace.escalationWindowSeconds={window})"
+            )
+        pods = self._in_place_pods()
+        if len(pods) < self.s.pods_per_group:
+            return f"{self.s.pods_per_group - len(pods)} pod(s) of the group are gone or going"
+        bad = [p.name for p in pods if p.evicted or p.phase in ("Failed", "Succeeded")]
+        if bad:
+            return f"pod(s) {', '.join(bad)} cannot restart in place (evicted or ended)"
+        return None
+
+    def _in_place_pods(self) -> list[PodView]:
+        """The pods an in-place restart asks: those of the current epoch, and those an
+        earlier round already relabelled with the next one (its record was lost)."""
+        epochs = (self.rec.epoch, self.rec.epoch + 1)
+        pods = (p for p in self.pods() if p.epoch in epochs and not p.deleting)
+        return sorted(pods, key=lambda p: p.name)
+
+    def _restart_in_place(self, attempts: int, counted: Mapping[str, object]) -> None:
+        pods = self._in_place_pods()
+        target = self.rec.epoch + 1
+        # A pod relabelled by a lost round may have restarted already: count from the
+        # epoch's baseline for it (a restart since then is taken as the one asked for).
+        asked = {
+            p.uid: (
+                p.restart_count
+                if p.epoch == self.rec.epoch
+                else self.rec.restart_baseline.get(p.uid, p.restart_count)
+            )
+            for p in pods
+        }
+        reason = self.rec.incident.id if self.rec.incident else "restart"
+        self._set_action(
+            f"restart the whole group in place into epoch {target} (attempt {attempts})"
+        )
+        self.event(
+            Reason.RESTARTING_IN_PLACE,
+            f"asking the agents of {len(pods)} pod(s) to restart into epoch {target}",
+        )
+        self.actions.append(RestartInPlace(_refs(pods), target, reason))
+        self.goto(
+            Step.RESTARTING_IN_PLACE,
+            mode="InPlace",
+            epoch=target,
+            old_pods=_refs(pods),
+            asked_counts=asked,
+            last_in_place_at=self.now,
+            avoid_nodes=(),
+            **counted,
+        )
+        self.requeue = RECHECK_SECONDS
+
+    def _recreate(self, culprits: set[str], **changes: object) -> None:
+        # Snapshot the pods to delete before the first delete: every retry of the delete
+        # then names the same UIDs, whatever the API server shows by then.
+        avoid = sorted({p.node for p in self.pods() if p.name in culprits and p.node})
         self.goto(
             Step.DELETING,
+            mode="Recreate",
             old_pods=_refs(self.pods()),
             force_deleted=False,
-            restarts=rec.restarts + 1,
-            restart_times=times[-MAX_RESTART_TIMES:],
-            backoff_streak=rec.backoff_streak + 1,
-            last_restart_at=self.now,
-            manual=False,
+            avoid_nodes=tuple(avoid),
+            **changes,
         )
+
+    def _on_restarting_in_place(self, v: GroupVerdict | None) -> None:
+        by_uid = {p.uid: p for p in self.pods()}
+        asked = self.rec.old_pods
+        failed = {
+            r.name: self.inp.restart_failures[r.uid]
+            for r in asked
+            if r.uid in self.inp.restart_failures
+        }
+        gone = [r.name for r in asked if r.uid not in by_uid or by_uid[r.uid].deleting]
+        if failed:
+            self._escalate(
+                "the agent of "
+                + "; ".join(
+                    f"{name} did not accept the restart ({why})"
+                    for name, why in sorted(failed.items())
+                ),
+                set(failed),
+            )
+            return
+        if gone:
+            self._escalate(
+                f"pod(s) {', '.join(gone)} went away during the in-place restart", set(gone)
+            )
+            return
+        waiting = [
+            r.name
+            for r in asked
+            if by_uid[r.uid].restart_count <= self.rec.asked_counts.get(r.uid, 0)
+            or by_uid[r.uid].epoch != self.rec.epoch
+        ]
+        if not waiting:
+            have = [by_uid[r.uid] for r in asked]
+            attempts = self.rec.incident.attempts if self.rec.incident else 0
+            self.event(
+                Reason.RESTARTED,
+                f"restarted in place as epoch {self.rec.epoch} (InPlace, attempt {attempts})",
+            )
+            self.goto(
+                Step.WAITING_PROBE,
+                epoch_started_at=self.now,
+                failures=0,
+                restart_baseline=_baseline(have, self.rec.epoch),
+            )
+            self.requeue = None
+            return
+        timeout = self.s.recovery.in_place.restart_timeout_seconds
+        if self.now - self.rec.step_since >= timeout:
+            self._escalate(
+                f"container(s) of {', '.join(waiting)} did not restart within "
+                f"inPlace.restartTimeoutSeconds={timeout}",
+                set(waiting),
+            )
+            return
+        self.again_in(min(RECHECK_SECONDS, self.rec.step_since + timeout - self.now))
+
+    def _escalate(self, why: str, culprits: set[str]) -> None:
+        """An in-place restart that cannot finish: recreate the group instead (the same
+        attempt: the restart was counted when it began)."""
+        attempts = self.rec.incident.attempts if self.rec.incident else 0
+        self._note_escalation(f"in-place restart escalated: {why}")
+        self._set_action(f"in-place restart escalated to Recreate (attempt {attempts}): {why}")
+        self.event(Reason.ESCALATED, f"in-place restart escalated to Recreate: {why}", warning=True)
+        self._recreate(culprits)
 
     def _on_deleting(self, v: GroupVerdict | None) -> None:
         if self.rec.old_pods:
@@ -922,7 +1134,7 @@ class _Planner:
             )
             self.requeue = None
             return
-        self.actions.append(CreateEpoch(self.rec.epoch))
+        self.actions.append(CreateEpoch(self.rec.epoch, self.rec.avoid_nodes))
         self.again_in(RECHECK_SECONDS)
 
     def _on_readmitting(self, v: GroupVerdict | None) -> None:
@@ -933,8 +1145,10 @@ class _Planner:
             return
         if self.rec.incident is not None:
             attempts = self.rec.incident.attempts
+            escalation = self.rec.incident.escalation
+            why = f"; {escalation}" if escalation and self.rec.mode == "Recreate" else ""
             done = (
-                f"restarted the whole group ({self.rec.mode}, {attempts} attempt(s))"
+                f"restarted the whole group ({self.rec.mode}, {attempts} attempt(s){why})"
                 if attempts
                 else f"no restart ({self.rec.incident.action or 'none'}); recovered by itself"
             )

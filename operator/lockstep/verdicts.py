@@ -167,6 +167,8 @@ class PodView:
     ready: bool = True
     # The `lockstep.dev/group-healthy` readiness-gate condition: None when never set.
     gate: bool | None = None
+    # The node it was scheduled to (None: not scheduled).
+    node: str | None = None
 
 
 ProbeStatus = Literal["ok", "failed", "timeout"]
@@ -221,6 +223,9 @@ class GroupVerdict:
     signals: frozenset[Signal] = frozenset()
     evidence: Mapping[str, EvidenceValue] = field(default_factory=dict)
     latency_ms: float | None = None
+    # Pods the evidence implicates (a divergent or exited rank, a pod down, an agent
+    # that did not answer); empty when it implicates none in particular (a hang).
+    culprits: frozenset[str] = frozenset()
 
     @property
     def is_failure(self) -> bool:
@@ -332,6 +337,7 @@ def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
         ),
         ready=conditions.get("Ready", {}).get("status") == "True",
         gate=None if gate is None else gate.get("status") == "True",
+        node=(pod.get("spec") or {}).get("nodeName") or None,
     )
 
 
@@ -359,7 +365,9 @@ def classify_group(
     if ranks:
         evidence["ranks"] = _bounded(_rank_text(r) for r in ranks)
 
-    def verdict(v: Verdict, immediate: bool, reason: str) -> GroupVerdict:
+    def verdict(
+        v: Verdict, immediate: bool, reason: str, culprits: Iterable[str] = ()
+    ) -> GroupVerdict:
         return GroupVerdict(
             verdict=v,
             immediate=immediate,
@@ -369,6 +377,7 @@ def classify_group(
             signals=frozenset(signals),
             evidence=evidence,
             latency_ms=obs.probe.latency_ms,
+            culprits=frozenset(culprits),
         )
 
     # An explicit divergence report is the strongest evidence there is: it names the
@@ -384,18 +393,25 @@ def classify_group(
             Verdict.DESYNCED,
             True,
             f"rank {first.rank} ({first.pod}) reported a consensus failure",
+            [r.pod for r in failed],
         )
 
-    down = _pod_problems(obs, signals)
+    culprits: list[str] = []
+    down = _pod_problems(obs, signals, culprits)
     if down:
         evidence["pods"] = _bounded(down)
-        return verdict(Verdict.RANK_DOWN, True, down[0])
+        return verdict(Verdict.RANK_DOWN, True, down[0], culprits)
     exited = [r for r in ranks if not r.alive]
     if exited:
         signals.add(Signal.RANK_EXITED)
         names = [f"{r.pod}/r{r.rank}" for r in exited]
         evidence["ranks_exited"] = _bounded(names)
-        return verdict(Verdict.RANK_DOWN, True, f"rank process gone: {', '.join(names[:4])}")
+        return verdict(
+            Verdict.RANK_DOWN,
+            True,
+            f"rank process gone: {', '.join(names[:4])}",
+            [r.pod for r in exited],
+        )
 
     if obs.probe.ok:
         return verdict(Verdict.HEALTHY, False, "deep probe passed")
@@ -456,8 +472,9 @@ def classify_group(
 # ---------------------------------------------------------------------------- helpers
 
 
-def _pod_problems(obs: GroupObservation, signals: set[Signal]) -> list[str]:
-    """Why the pods of the current epoch cannot be a working group (empty: they can)."""
+def _pod_problems(obs: GroupObservation, signals: set[Signal], culprits: list[str]) -> list[str]:
+    """Why the pods of the current epoch cannot be a working group (empty: they can);
+    the pods at fault are appended to `culprits`."""
     problems: list[str] = []
     current = [p for p in obs.pods if p.epoch == obs.epoch]
     if len(current) < obs.expected_pods:
@@ -472,17 +489,21 @@ def _pod_problems(obs: GroupObservation, signals: set[Signal]) -> list[str]:
         if pod.deleting:
             signals.add(Signal.POD_DELETED)
             problems.append(f"pod {pod.name} is being deleted")
+            culprits.append(pod.name)
         elif pod.evicted:
             signals.add(Signal.POD_EVICTED)
             problems.append(f"pod {pod.name} was evicted")
+            culprits.append(pod.name)
         elif pod.phase in ("Failed", "Succeeded"):
             signals.add(Signal.POD_FAILED)
             problems.append(f"pod {pod.name} is {pod.phase}")
+            culprits.append(pod.name)
         elif pod.restart_count > baseline:
             signals.add(Signal.CONTAINER_RESTARTED)
             problems.append(
                 f"pod {pod.name} restarted (restart count {baseline} -> {pod.restart_count})"
             )
+            culprits.append(pod.name)
         elif not pod.container_running:
             # A pod that never ran (scheduling, image pull) is starting, not down: the
             # planner's startup deadline covers it.
@@ -491,6 +512,7 @@ def _pod_problems(obs: GroupObservation, signals: set[Signal]) -> list[str]:
             else:
                 signals.add(Signal.CONTAINER_NOT_RUNNING)
                 problems.append(f"pod {pod.name}: container not running")
+                culprits.append(pod.name)
     return problems
 
 

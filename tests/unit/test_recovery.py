@@ -38,6 +38,7 @@ from lockstep.recovery import (
     OpenIncident,
     PodRef,
     Reason,
+    RestartInPlace,
     RoleGuards,
     RolePlan,
     RoleSettings,
@@ -82,6 +83,9 @@ def settings(
     reset_after: int = 1800,
     policy: str = "RestartGroup",
     pods_per_group: int = 2,
+    mode: str = "Recreate",
+    restart_timeout: int = 60,
+    escalation_window: int = 900,
 ) -> RoleSettings:
     return RoleSettings(
         "decode",
@@ -90,6 +94,11 @@ def settings(
         RecoverySpec.model_validate(
             {
                 "policy": policy,
+                "mode": mode,
+                "inPlace": {
+                    "restartTimeoutSeconds": restart_timeout,
+                    "escalationWindowSeconds": escalation_window,
+                },
                 "maxConcurrentGroupRestarts": max_concurrent,
                 "backoff": BackoffSpec(
                     base_seconds=base, max_seconds=max_backoff, reset_after_seconds=reset_after
@@ -138,6 +147,13 @@ class Sim:
     incidents: dict[str, Incident] = field(default_factory=dict)
     settle_deletes: bool = True
     _uids: Iterable[int] = field(default_factory=itertools.count)
+    # In place: pods whose agent does not answer, pods whose container never comes back,
+    # restarts asked and not done yet, restarts done per UID, failures per (group, epoch).
+    agents_down: set[str] = field(default_factory=set)
+    stuck: set[str] = field(default_factory=set)
+    pending: set[str] = field(default_factory=set)
+    restarted: dict[str, int] = field(default_factory=dict)
+    failures: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for i in range(self.groups):
@@ -156,7 +172,7 @@ class Sim:
             if name in names:
                 continue  # 409: a pod of that name still exists
             uid = f"g{group}-e{epoch}-r{rank}-{next(iter(self._uids))}"
-            self.pods[group][uid] = PodView(name, uid, epoch, rank, gate=gate)
+            self.pods[group][uid] = PodView(name, uid, epoch, rank, gate=gate, node=f"node-{rank}")
 
     def apply(self, group: int, actions: Iterable[Action]) -> None:
         pods = self.pods[group]
@@ -174,14 +190,29 @@ class Sim:
                             del pods[ref.uid]
             elif isinstance(a, CreateEpoch):
                 self.create(group, a.epoch)
+            elif isinstance(a, RestartInPlace):
+                for ref in a.pods:
+                    pod = pods.get(ref.uid)
+                    if pod is None or pod.name in self.agents_down:
+                        why = "connection refused" if pod else "pod not found"
+                        self.failures.setdefault((group, a.epoch), {})[ref.uid] = why
+                        continue
+                    # The agent is idempotent per epoch: a repeat does nothing.
+                    if pod.epoch != a.epoch:
+                        pods[ref.uid] = replace(pod, epoch=a.epoch)
+                        self.pending.add(ref.uid)
             elif isinstance(a, OpenIncident | UpdateIncident | CloseIncident):
                 self.incidents[a.incident.id] = a.incident
 
     def settle(self) -> None:
-        """The kubelet finishes every pending delete."""
+        """The kubelet finishes every pending delete and in-place restart."""
         for pods in self.pods.values():
             for uid in [u for u, p in pods.items() if p.deleting]:
                 del pods[uid]
+            for uid in [u for u in pods if u in self.pending and pods[u].name not in self.stuck]:
+                pods[uid] = replace(pods[uid], restart_count=pods[uid].restart_count + 1)
+                self.pending.discard(uid)
+                self.restarted[uid] = self.restarted.get(uid, 0) + 1
 
     def view(self, group: int) -> tuple[PodView, ...]:
         return tuple(sorted(self.pods[group].values(), key=lambda p: p.name))
@@ -199,6 +230,7 @@ class Sim:
                     verdict(verdicts[i], self.records[i].epoch, self.now) if i in verdicts else None
                 ),
                 manual_request=manual.get(i),
+                restart_failures=self.failures.get((i, self.records[i].epoch), {}),
             )
             for i in range(self.groups)
         }
@@ -275,6 +307,7 @@ def test_desync_recovers_through_every_step_in_order() -> None:
         "UpdateIncident",
         "SetGate",
         "CaptureEvidence",
+        "UpdateIncident",
         "DeletePods",
         "CreateEpoch",
         "SetGate",
@@ -399,7 +432,7 @@ TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
     ("capturing evidence", rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT),
      GroupInput(pods(gate=False)), Step.AWAITING_RESTART, ["CaptureEvidence"]),
     ("awaiting restart: slot free", rec(Step.AWAITING_RESTART, incident=INCIDENT),
-     GroupInput(pods(gate=False)), Step.DELETING, []),
+     GroupInput(pods(gate=False)), Step.DELETING, ["UpdateIncident"]),
     ("deleting", rec(Step.DELETING, incident=INCIDENT, old_pods=OLD_REFS),
      GroupInput(pods(gate=False)), Step.WAITING_GONE, ["DeletePods"]),
     ("waiting gone: still terminating", rec(Step.WAITING_GONE, old_pods=OLD_REFS),
@@ -463,8 +496,74 @@ def test_transition(record: GroupRecord, inp: GroupInput, step: Step, kinds: lis
     assert GroupRecord.from_json(plan.record.to_json()) == plan.record
 
 
+def restarted(epoch: int = 5, count: int = 1) -> tuple[PodView, ...]:
+    """The two pods of `pods()` (same UIDs, epoch-4 names) relabelled and restarted."""
+    return tuple(replace(p, epoch=epoch, restart_count=count) for p in pods(gate=False))
+
+
+ASKED = {"e4-0": 0, "e4-1": 0}
+IN_PLACE_REC = {
+    "incident": INCIDENT,
+    "epoch": 5,
+    "mode": "InPlace",
+    "old_pods": OLD_REFS,
+    "asked_counts": ASKED,
+    "last_in_place_at": T0 - 10,
+}
+
+IN_PLACE_TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
+    ("awaiting restart: in place", rec(Step.AWAITING_RESTART, incident=INCIDENT),
+     GroupInput(pods(gate=False)), Step.RESTARTING_IN_PLACE,
+     ["UpdateIncident", "EmitEvent", "RestartInPlace"]),
+    ("awaiting restart: a pod missing, recreate", rec(Step.AWAITING_RESTART, incident=INCIDENT),
+     GroupInput(pods(gate=False)[:1]), Step.DELETING, ["UpdateIncident"]),
+    ("awaiting restart: failed again soon after in place, recreate",
+     rec(Step.AWAITING_RESTART, incident=INCIDENT, last_in_place_at=T0 - 60),
+     GroupInput(pods(gate=False)), Step.DELETING, ["UpdateIncident"]),
+    ("awaiting restart: in place again after the window",
+     rec(Step.AWAITING_RESTART, incident=INCIDENT, last_in_place_at=T0 - 901),
+     GroupInput(pods(gate=False)), Step.RESTARTING_IN_PLACE,
+     ["UpdateIncident", "EmitEvent", "RestartInPlace"]),
+    ("restarting in place: not yet relabelled", rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
+     GroupInput(pods(gate=False)), Step.RESTARTING_IN_PLACE, []),
+    ("restarting in place: relabelled, not restarted",
+     rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
+     GroupInput(restarted(count=0)), Step.RESTARTING_IN_PLACE, []),
+    ("restarting in place: one restarted", rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
+     GroupInput((restarted()[0], restarted(count=0)[1])), Step.RESTARTING_IN_PLACE, []),
+    ("restarting in place: every container restarted",
+     rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
+     GroupInput(restarted()), Step.WAITING_PROBE, ["EmitEvent"]),
+    ("restarting in place: an agent refused", rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
+     GroupInput(restarted(count=0), restart_failures={"e4-1": "401 Unauthorized"}),
+     Step.DELETING, ["UpdateIncident", "EmitEvent"]),
+    ("restarting in place: a pod went away", rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
+     GroupInput(restarted()[:1]), Step.DELETING, ["UpdateIncident", "EmitEvent"]),
+    ("restarting in place: timed out",
+     rec(Step.RESTARTING_IN_PLACE, **{**IN_PLACE_REC, "step_since": T0 - 60}),
+     GroupInput((restarted()[0], restarted(count=0)[1])), Step.DELETING,
+     ["UpdateIncident", "EmitEvent"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("record", "inp", "step", "kinds"),
+    [t[1:] for t in IN_PLACE_TRANSITIONS],
+    ids=[t[0] for t in IN_PLACE_TRANSITIONS],
+)
+def test_in_place_transition(
+    record: GroupRecord, inp: GroupInput, step: Step, kinds: list[str]
+) -> None:
+    cfg = settings(mode="InPlace", restart_timeout=60, escalation_window=900)
+    plan = plan_group(record, inp, cfg, now=T0)
+    assert plan.record.step is step
+    assert [type(a).__name__ for a in plan.actions] == kinds
+    assert plan_group(record, inp, cfg, now=T0) == plan
+    assert GroupRecord.from_json(plan.record.to_json()) == plan.record
+
+
 def test_every_step_has_a_transition_case() -> None:
-    covered = {t[1].step for t in TRANSITIONS}
+    covered = {t[1].step for t in [*TRANSITIONS, *IN_PLACE_TRANSITIONS]}
     assert covered == set(Step)
 
 
@@ -588,7 +687,7 @@ def test_record_survives_a_restart_mid_recovery_through_its_json() -> None:
 
 def test_reconciler_keeps_off_the_pods_while_recovery_replaces_them() -> None:
     owned = {s for s in Step if not reconciler_may_create_pods(rec(s))}
-    assert owned == {Step.DELETING, Step.WAITING_GONE, Step.CREATING}
+    assert owned == {Step.RESTARTING_IN_PLACE, Step.DELETING, Step.WAITING_GONE, Step.CREATING}
 
 
 # ------------------------------------------------------------------------ guard rails
@@ -962,3 +1061,168 @@ def test_role_settings_come_from_the_spec() -> None:
     assert (got.role, got.pods_per_group) == ("decode", 2)
     assert got.recovery.max_concurrent_group_restarts == 2
     assert got.health.failure_threshold == 3
+
+
+# ------------------------------------------------------------------ in-place restarts
+
+
+def in_place_sim(**kw: object) -> Sim:
+    cfg_kw = {k: kw.pop(k) for k in ("restart_timeout", "escalation_window") if k in kw}
+    return Sim(cfg=settings(mode="InPlace", base=0, **cfg_kw), **kw)  # type: ignore[arg-type]
+
+
+def run_to_healthy(sim: Sim, first: str = "desync!", rounds: int = 200) -> list[Step]:
+    seen = [sim.step()]
+    sim.round({0: first})
+    for _ in range(rounds):
+        if seen[-1] != sim.step():
+            seen.append(sim.step())
+        if sim.step() is Step.HEALTHY:
+            return seen
+        sim.round({0: "ok"} if sim.step() in (Step.WAITING_PROBE, Step.STARTING) else None)
+    raise AssertionError(f"stuck in {sim.step()}: {seen}")
+
+
+def test_in_place_restart_keeps_the_pods_and_moves_every_one_to_the_next_epoch() -> None:
+    sim = in_place_sim()
+    before = {p.uid: p for p in sim.view(0)}
+    seen = run_to_healthy(sim)
+    assert seen == [
+        Step.HEALTHY,
+        Step.DRAINING,
+        Step.CAPTURING_EVIDENCE,
+        Step.AWAITING_RESTART,
+        Step.RESTARTING_IN_PLACE,
+        Step.WAITING_PROBE,
+        Step.READMITTING,
+        Step.HEALTHY,
+    ]
+    after = {p.uid: p for p in sim.view(0)}
+    assert after.keys() == before.keys()  # same pods
+    assert all(after[u].restart_count == before[u].restart_count + 1 for u in after)
+    assert {p.epoch for p in after.values()} == {1}
+    assert sim.restarted == {u: 1 for u in before}
+    assert sim.actions(DeletePods) == [] and sim.actions(CreateEpoch) == []
+    (ask,) = sim.actions(RestartInPlace)
+    assert isinstance(ask, RestartInPlace)
+    assert ask.epoch == 1 and {r.uid for r in ask.pods} == before.keys()
+    assert ask.reason == "decode-0-1"
+    rec = sim.records[0]
+    assert (rec.epoch, rec.restarts, rec.mode) == (1, 1, "InPlace")
+    assert rec.restart_baseline == {u: p.restart_count for u, p in after.items()}
+    assert sim.reasons() == [
+        "GroupDesynced",
+        "GroupDrained",
+        "GroupRestartingInPlace",
+        "GroupRestarted",
+        "GroupReadmitted",
+    ]
+    (incident,) = sim.incidents.values()
+    assert incident.state == "Closed"
+    assert "restarted the whole group (InPlace, 1 attempt(s))" in incident.action
+
+
+def test_an_agent_that_does_not_answer_escalates_to_recreate_away_from_its_node() -> None:
+    sim = in_place_sim()
+    old = {p.uid for p in sim.view(0)}
+    sim.agents_down = {"m-decode-0-1"}
+    seen = run_to_healthy(sim)
+    assert Step.RESTARTING_IN_PLACE in seen and Step.DELETING in seen
+    assert not old & {p.uid for p in sim.view(0)}  # new pods
+    (create,) = set(sim.actions(CreateEpoch))
+    # The agent's pod is the culprit: its node is avoided (the other pod's is not).
+    assert create == CreateEpoch(2, ("node-1",))
+    assert sim.records[0].restarts == 1  # one attempt, escalated, not two restarts
+    assert "GroupRestartEscalated" in sim.reasons()
+    (incident,) = sim.incidents.values()
+    assert incident.action.startswith(
+        "restarted the whole group (Recreate, 1 attempt(s); in-place restart escalated: "
+        "the agent of m-decode-0-1 did not accept the restart (connection refused))"
+    )
+    events = [a.message for a in sim.actions(EmitEvent) if isinstance(a, EmitEvent)]
+    assert any("m-decode-0-1 did not accept the restart (connection refused)" in m for m in events)
+
+
+def test_a_container_that_does_not_come_back_escalates_after_the_timeout() -> None:
+    sim = in_place_sim(restart_timeout=30)
+    sim.stuck = {"m-decode-0-0"}
+    sim.round({0: "desync!"})
+    for _ in range(5):
+        sim.round()
+    assert sim.step() is Step.RESTARTING_IN_PLACE
+    asked_at = sim.records[0].step_since
+    while sim.step() is Step.RESTARTING_IN_PLACE:
+        sim.round()
+    assert sim.step() is Step.DELETING or sim.step() is Step.WAITING_GONE
+    assert sim.now - asked_at >= 30
+    msgs = [a.message for a in sim.actions(EmitEvent) if isinstance(a, EmitEvent)]
+    assert any(
+        "m-decode-0-0 did not restart within inPlace.restartTimeoutSeconds=30" in m for m in msgs
+    )
+    assert set(sim.actions(CreateEpoch)) <= {CreateEpoch(2, ("node-0",))}
+    run_to_healthy(sim, first="ok")
+    assert {p.epoch for p in sim.view(0)} == {2}
+
+
+def test_a_group_failing_again_within_the_window_is_recreated_then_in_place_again_later() -> None:
+    sim = in_place_sim(escalation_window=600)
+    run_to_healthy(sim)
+    assert sim.records[0].mode == "InPlace"
+    sim.now += 100
+    run_to_healthy(sim)  # failed again 100 s after the in-place restart
+    assert sim.records[0].mode == "Recreate"
+    assert len(sim.actions(RestartInPlace)) == 1 and sim.actions(DeletePods)
+    (second,) = [i for i in sim.incidents.values() if i.id == "decode-0-2"]
+    assert "escalationWindowSeconds=600" in second.action
+    sim.now += 1000
+    run_to_healthy(sim)  # long after: in place again
+    assert sim.records[0].mode == "InPlace" and len(sim.actions(RestartInPlace)) == 2
+
+
+def test_recreate_mode_never_asks_the_agents() -> None:
+    sim = Sim(cfg=settings(mode="Recreate", base=0))
+    run_to_healthy(sim)
+    assert sim.actions(RestartInPlace) == [] and sim.actions(DeletePods)
+    assert set(sim.actions(CreateEpoch)) == {CreateEpoch(1, ())}
+
+
+def test_a_rank_whose_pod_is_gone_is_recreated_not_restarted_in_place() -> None:
+    sim = in_place_sim()
+    gone = next(iter(sim.pods[0]))
+    del sim.pods[0][gone]
+    run_to_healthy(sim, first="missing!")
+    assert sim.actions(RestartInPlace) == [] and sim.actions(CreateEpoch)
+    (incident,) = sim.incidents.values()
+    assert "1 pod(s) of the group are gone or going" in str(
+        [a.incident.action for a in sim.actions(UpdateIncident) if isinstance(a, UpdateIncident)]
+    )
+    assert incident.state == "Closed"
+
+
+@pytest.mark.parametrize("lose", ["io", "record", "half"])
+def test_operator_restart_during_an_in_place_restart_never_restarts_a_pod_twice(
+    lose: str,
+) -> None:
+    sim = in_place_sim(settle_deletes=False)
+    uids = {p.uid for p in sim.view(0)}
+    for kind in ["desync!"] + ["ok"] * 40:
+        before = sim.records[0]
+        inputs = sim.inputs({0: kind})
+        plan = plan_role(sim.cfg, sim.records, inputs, now=sim.now)
+        if lose == "io":
+            assert plan_role(sim.cfg, sim.records, inputs, now=sim.now) == plan
+        else:
+            done = plan.groups[0].actions
+            sim.apply(0, done if lose == "record" else done[:1])
+            plan = plan_role(sim.cfg, {0: before}, sim.inputs({0: kind}), now=sim.now)
+        sim.apply(0, plan.groups[0].actions)
+        sim.records[0] = plan.groups[0].record
+        sim.settle()
+        sim.now += 1
+        if sim.step() is Step.HEALTHY and sim.records[0].epoch == 1:
+            break
+    assert sim.step() is Step.HEALTHY and sim.records[0].epoch == 1
+    assert sim.restarted == {u: 1 for u in uids}  # each container restarted exactly once
+    assert {p.uid for p in sim.view(0)} == uids
+    assert sim.actions(DeletePods) == []
+    assert sim.records[0].restarts == 1
