@@ -32,6 +32,13 @@ class FakePod:
         self.mode: Mode = "healthy"
         self.iteration = 100
         self.requests: list[str] = []
+        # `POST /restart` as the runtime's agent answers it: the token the pod was given
+        # (None: restart disabled), the epoch it runs, and restarts accepted but not yet
+        # carried out (the fake kubelet restarts the container and clears it).
+        self.token: str | None = None
+        self.epoch = 0
+        self.pending_epoch: int | None = None
+        self.refuse_restart = False  # answer 503, as an agent that cannot act
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
         self._threads: list[threading.Thread] = []
@@ -41,6 +48,15 @@ class FakePod:
     def set_mode(self, mode: Mode) -> None:
         with self._lock:
             self.mode = mode
+
+    def take_restart(self) -> int | None:
+        """The epoch of an accepted restart, now carried out: the container starts over
+        healthy in that epoch (None: none pending)."""
+        with self._lock:
+            epoch, self.pending_epoch = self.pending_epoch, None
+            if epoch is not None:
+                self.epoch, self.mode = epoch, "healthy"
+            return epoch
 
     def rank_states(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -140,7 +156,9 @@ class FakePod:
 
             def do_POST(self) -> None:
                 pod.requests.append(f"POST {port}{self.path}")
-                if port == AGENT_PORT and self.path == "/stacks":
+                if port == AGENT_PORT and self.path == "/restart":
+                    self._restart()
+                elif port == AGENT_PORT and self.path == "/stacks":
                     stacks = [
                         {
                             "rank": r["rank"],
@@ -155,6 +173,24 @@ class FakePod:
                     self._send(200, {"now": time.time(), "stacks": stacks})
                 else:
                     self._send(404, {"error": "no route"})
+
+            def _restart(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if pod.token is None:
+                    self._send(403, {"error": "restart disabled: no token"})
+                elif self.headers.get("Authorization") != f"Bearer {pod.token}":
+                    self._send(401, {"error": "bad token"})
+                elif pod.refuse_restart:
+                    self._send(503, {"error": "cannot restart"})
+                else:
+                    epoch = int(body["epoch"])
+                    with pod._lock:
+                        if epoch in (pod.epoch, pod.pending_epoch):
+                            self._send(200, {"restarting": False, "epoch": str(epoch)})
+                            return
+                        pod.pending_epoch = epoch
+                    self._send(202, {"restarting": True, "epoch": str(epoch)})
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

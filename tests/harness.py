@@ -9,6 +9,7 @@ finishes deletions the way a kubelet does. Tests script the fake pods' behaviour
 
 from __future__ import annotations
 
+import base64
 import itertools
 import os
 import signal
@@ -119,6 +120,7 @@ class FakeKubelet:
         self.namespace = namespace
         self.pods: dict[str, FakePod] = {}  # by pod UID
         self.names: dict[str, str] = {}  # uid -> name
+        self.restarts: dict[str, int] = {}  # uid -> container restarts
         self.default_mode: str = "healthy"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -168,15 +170,33 @@ class FakeKubelet:
                     if err.status not in (404, 409):
                         raise
                 continue
-            if meta.uid in self.pods or "lockstep.dev/rank" not in labels:
+            if meta.uid in self.pods:
+                fake = self.pods[meta.uid]
+                if fake.take_restart() is not None:
+                    # The agent ended the container: it starts again in place.
+                    self.restarts[meta.uid] = self.restarts.get(meta.uid, 0) + 1
+                    self.report_running(meta.name, fake.ip, self.restarts[meta.uid])
+                continue
+            if "lockstep.dev/rank" not in labels:
                 continue
             rank = int(labels["lockstep.dev/rank"])
             fake = FakePod(next_address(), first_rank=rank, leader=rank == 0)
             fake.set_mode(self.default_mode)  # type: ignore[arg-type]
+            fake.token = self._secret_env(pod, "LOCKSTEP_AGENT_TOKEN")
+            fake.epoch = int(labels.get("lockstep.dev/epoch", "0"))
             fake.start()
             self.pods[meta.uid] = fake
             self.names[meta.uid] = meta.name
             self.report_running(meta.name, fake.ip)
+
+    def _secret_env(self, pod: Any, name: str) -> str | None:
+        """An env var from a secretKeyRef, resolved as a kubelet does."""
+        for var in pod.spec.containers[0].env or []:
+            ref = var.value_from.secret_key_ref if var.name == name and var.value_from else None
+            if ref is not None:
+                secret = self.core.read_namespaced_secret(ref.name, self.namespace)
+                return base64.b64decode(secret.data[ref.key]).decode()
+        return None
 
     def report_running(self, name: str, ip: str, restarts: int = 0) -> None:
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +31,12 @@ from typing import Any
 import httpx
 
 from lockstep import constants as c
-from lockstep.builders import build_router, group_selector
+from lockstep.builders import (
+    agent_token_secret_name,
+    build_agent_token_secret,
+    build_router,
+    group_selector,
+)
 from lockstep.kube import Kube
 from lockstep.metrics import Metrics
 from lockstep.models import (
@@ -57,6 +64,7 @@ from lockstep.recovery import (
     GroupInput,
     GroupRecord,
     OpenIncident,
+    RestartInPlace,
     Role,
     RoleSettings,
     SetGate,
@@ -107,6 +115,13 @@ class Runtime:
     )
     # Keys of deployments whose groups the book probes (forget them when deleted).
     known: set[tuple[str, str]] = field(default_factory=set)
+    # Pods whose in-place restart could not be asked, per (ns, name, role, group, epoch):
+    # pod UID -> why. Memory only: a restarted operator that re-asks finds out again.
+    restart_failures: dict[tuple[str, str, str, int, int], dict[str, str]] = field(
+        default_factory=dict
+    )
+    # The agent-token of each deployment (by namespace, name, uid), read or made once.
+    agent_tokens: dict[tuple[str, str, str], str] = field(default_factory=dict)
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -283,6 +298,35 @@ def _consensus_cause(bodies: Sequence[str]) -> str | None:
     return None
 
 
+def agent_token(rt: Runtime, pdd: PDDeployment, namespace: str) -> str:
+    """The deployment's pod-agent restart token: read from its Secret, or made (a fresh
+    random token in a new Secret owned by the PDDeployment) when there is none."""
+    key = (namespace, pdd.metadata.name, pdd.metadata.uid or "")
+    token = rt.agent_tokens.get(key)
+    if token is not None:
+        return token
+    name = agent_token_secret_name(pdd)
+    token = rt.kube.read_secret_key(namespace, name, c.AGENT_TOKEN_KEY)
+    if token is None:
+        made = secrets.token_urlsafe(32)
+        if rt.kube.create(build_agent_token_secret(pdd, made)):
+            token = made
+        else:  # created meanwhile (another round, a peer): use that one
+            token = rt.kube.read_secret_key(namespace, name, c.AGENT_TOKEN_KEY)
+            if token is None:
+                raise RuntimeError(f"Secret {namespace}/{name} vanished while being made")
+    rt.agent_tokens[key] = token
+    return token
+
+
+def _short(err: Exception) -> str:
+    status = getattr(err, "status", None)
+    reason = getattr(err, "reason", None)
+    if status is not None:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(err).__name__}: {err}"[:200]
+
+
 def _agent_report(pod: str, body: Any, error: str | None) -> AgentReport:
     if body is None:
         return AgentReport(pod, None, error)
@@ -317,7 +361,12 @@ def probe_targets(
         and not (p.get("metadata") or {}).get("deletionTimestamp")
     ]
     leader = next((p for p in current if label(p, c.LABEL_RANK) == "0"), None)
-    if leader is None or record.step in (Step.DELETING, Step.WAITING_GONE, Step.CREATING):
+    if leader is None or record.step in (
+        Step.RESTARTING_IN_PLACE,
+        Step.DELETING,
+        Step.WAITING_GONE,
+        Step.CREATING,
+    ):
         return None
     health = pdd.spec.health
     ip = leader["status"]["podIP"]
@@ -349,6 +398,7 @@ class _Round:
     incidents: dict[str, dict[str, Any]]
     create_groups: set[GroupId] = field(default_factory=set)
     epochs: dict[GroupId, int] = field(default_factory=dict)
+    avoid_nodes: dict[GroupId, tuple[str, ...]] = field(default_factory=dict)
 
     def execute(self, role: str, group: int, actions: Sequence[Action]) -> None:
         for action in actions:
@@ -361,9 +411,14 @@ class _Round:
                     self.namespace, [(p.name, p.uid) for p in action.pods], action.grace_seconds
                 )
                 self.rt.metrics.restarts.labels(role).inc()
+            elif isinstance(action, RestartInPlace):
+                self._restart_in_place(role, group, action)
+                self.rt.metrics.restarts.labels(role).inc()
             elif isinstance(action, CreateEpoch):
                 self.create_groups.add((role, group))
                 self.epochs[(role, group)] = action.epoch
+                if action.avoid_nodes:
+                    self.avoid_nodes[(role, group)] = action.avoid_nodes
             elif isinstance(action, OpenIncident | UpdateIncident | CloseIncident):
                 self._upsert_incident(action.incident)
                 inc = action.incident
@@ -380,6 +435,56 @@ class _Round:
                     str(action.reason),
                     action.message,
                 )
+
+    def _restart_in_place(self, role: str, group: int, action: RestartInPlace) -> None:
+        """Relabel every pod with the new epoch, then ask every pod agent to restart into
+        it at the same moment. What could not be asked is remembered for the planner."""
+        key = (self.namespace, self.pdd.metadata.name, role, group, action.epoch)
+        failures = self.rt.restart_failures.setdefault(key, {})
+        try:
+            token = agent_token(self.rt, self.pdd, self.namespace)
+        except Exception as err:
+            for ref in action.pods:
+                failures[ref.uid] = f"restart token unavailable: {type(err).__name__}: {err}"
+            return
+        ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in self._pods()}
+        asks: list[tuple[str, str, str]] = []  # (uid, name, agent URL)
+        for ref in action.pods:
+            try:
+                self.rt.kube.relabel_pod(
+                    self.namespace, ref.name, ref.uid, {c.LABEL_EPOCH: str(action.epoch)}
+                )
+            except Exception as err:
+                failures[ref.uid] = f"relabel refused: {_short(err)}"
+                continue
+            ip = ips.get(ref.name)
+            if not ip:
+                failures[ref.uid] = "the pod has no IP"
+                continue
+            asks.append((ref.uid, ref.name, f"http://{ip}:{c.PORT_AGENT}/restart"))
+        body = {"epoch": str(action.epoch), "reason": action.reason}
+        headers = {"Authorization": f"Bearer {token}"}
+
+        def ask(item: tuple[str, str, str]) -> tuple[str, str | None]:
+            uid, _, url = item
+            try:
+                resp = self.rt.http.post(url, json=body, headers=headers, timeout=5.0)
+            except httpx.HTTPError as err:
+                return uid, f"{type(err).__name__}: {err}"
+            if resp.status_code in (200, 202):
+                return uid, None
+            return uid, f"HTTP {resp.status_code}: {resp.text[:200]}"
+
+        if not asks:
+            return
+        # Every agent in the same moment: the ranks of the group go down together.
+        with ThreadPoolExecutor(max_workers=min(len(asks), 32)) as pool:
+            for uid, error in pool.map(ask, asks):
+                if error is not None:
+                    failures[uid] = error
+        for uid, name, _ in asks:
+            if uid in failures:
+                log.warning("in-place restart of %s refused: %s", name, failures[uid])
 
     def _set_gate(self, action: SetGate) -> None:
         reason = "GroupHealthy" if action.value else "GroupDrained"
@@ -534,12 +639,20 @@ def _run_round(
                 now,
             )
             request = manual_request(body, role, g)
-            if request is None and rolling == g:
+            rollout = request is None and rolling == g
+            if rollout:
                 request = f"spec-{_pod_hash(pdd, policy, role)}"
+            rec = role_records.get(g)
             inputs[g] = GroupInput(
                 pods=tuple(pod_view_from_k8s(p) for p in group_pods),
                 verdict=verdict,
                 manual_request=request,
+                restart_failures=(
+                    rt.restart_failures.get((namespace, name, role, g, rec.epoch), {})
+                    if rec is not None
+                    else {}
+                ),
+                template_changed=rollout,
             )
         plan = plan_role(RoleSettings.from_spec(pdd.spec, role), role_records, inputs, now=now)
         for g, gp in sorted(plan.groups.items()):
@@ -554,7 +667,13 @@ def _run_round(
     # Pods of a new epoch are listed again: deletes above may have changed the picture.
     if any(isinstance(a, CreateEpoch | DeletePods) for a in all_actions):
         pods = rt.kube.list_pods(namespace, selector)
-    plan_obj = plan_reconcile(pdd, policy, pods, services, rnd.epochs, rnd.create_groups)
+    _forget_restart_failures(rt, namespace, name, new_records)
+    if rnd.create_groups:
+        # Pods read their restart token from the Secret: it exists before they do.
+        agent_token(rt, pdd, namespace)
+    plan_obj = plan_reconcile(
+        pdd, policy, pods, services, rnd.epochs, rnd.create_groups, rnd.avoid_nodes
+    )
     _apply_reconcile(rt, namespace, plan_obj, events)
     if pdd.spec.router.enabled:
         for obj in build_router(pdd):
@@ -571,6 +690,19 @@ def _run_round(
         sum(r.step is Step.QUARANTINED for r in new_records.values())
     )
     return RoundResult(status, new_records, requeue, all_actions)
+
+
+def _forget_restart_failures(
+    rt: Runtime, namespace: str, name: str, records: Mapping[str, GroupRecord]
+) -> None:
+    """Drop what no group is waiting on any more (another epoch, or not restarting)."""
+    for key in list(rt.restart_failures):
+        ns, n, role, group, epoch = key
+        if (ns, n) != (namespace, name):
+            continue
+        rec = records.get(record_key(role, group))
+        if rec is None or rec.epoch != epoch or rec.step is not Step.RESTARTING_IN_PLACE:
+            del rt.restart_failures[key]
 
 
 def _pod_hash(pdd: PDDeployment, policy: PolicyResult, role: str) -> str:

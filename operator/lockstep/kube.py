@@ -12,6 +12,7 @@ Objects go in and come out as plain dicts (the builders' format), not client mod
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import logging
 from collections.abc import Iterable, Mapping
@@ -73,6 +74,19 @@ class Kube:
             raise
         return obj if isinstance(obj, dict) else None
 
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        """One key of a Secret, decoded; None when the Secret is not there (404)."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        raw = (secret.data or {}).get(key)
+        if raw is None:
+            raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(raw).decode()
+
     # ------------------------------------------------------------------ writes
 
     def create(self, obj: Obj) -> bool:
@@ -86,6 +100,7 @@ class Kube:
             "Deployment": self.apps.create_namespaced_deployment,
             "Role": self.rbac.create_namespaced_role,
             "RoleBinding": self.rbac.create_namespaced_role_binding,
+            "Secret": self.core.create_namespaced_secret,
         }
         try:
             creators[kind](ns, obj)
@@ -142,6 +157,16 @@ class Kube:
     ) -> int:
         """Delete every (name, uid) given; how many deletes took effect."""
         return sum(self.delete_pod(namespace, n, u, grace_seconds) for n, u in pods)
+
+    def relabel_pod(self, namespace: str, name: str, uid: str, labels: Mapping[str, str]) -> None:
+        """Set labels on one pod by name *and* UID (a JSON patch whose first operation
+        tests the UID: a replaced pod of the same name is refused, never relabelled)."""
+        ops: list[Obj] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        for key, value in sorted(labels.items()):
+            path = "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
+            ops.append({"op": "add", "path": path, "value": value})
+        self.core.patch_namespaced_pod(name, namespace, ops)
+        log.info("relabelled pod %s/%s (uid %s): %s", namespace, name, uid, dict(labels))
 
     def set_pod_condition(
         self, namespace: str, name: str, cond_type: str, status: bool, reason: str, message: str

@@ -66,8 +66,12 @@ def plan_reconcile(
     services: Sequence[Obj],
     epochs: Mapping[GroupId, int],
     create_groups: Collection[GroupId],
+    avoid_nodes: Mapping[GroupId, Sequence[str]] | None = None,
 ) -> ReconcilePlan:
-    """Plan the sync of pods and group Services for one PDDeployment."""
+    """Plan the sync of pods and group Services for one PDDeployment.
+
+    `avoid_nodes`: per group being created, nodes its new pods should avoid if they can.
+    """
     plan = ReconcilePlan()
     observed = pods_by_group(pods)
     svc_by_name = {s["metadata"]["name"]: s for s in services}
@@ -84,7 +88,14 @@ def plan_reconcile(
                 plan.create.append(svc)
             elif (current.get("spec") or {}).get("selector") != svc["spec"]["selector"]:
                 plan.patch.append(svc)
-            want = build_group_pods(pdd, role_name, group, epoch, policy.roles[role_name])
+            want = build_group_pods(
+                pdd,
+                role_name,
+                group,
+                epoch,
+                policy.roles[role_name],
+                avoid_nodes=(avoid_nodes or {}).get(gid, ()),
+            )
             have = observed.get(gid, [])
             old = [p for p in have if label(p, c.LABEL_EPOCH) != str(epoch)]
             if gid in create_groups:

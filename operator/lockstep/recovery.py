@@ -243,6 +243,8 @@ class GroupRecord(_Frozen):
     last_in_place_at: float | None = None
     # Recreate: nodes the new pods should avoid when capacity allows.
     avoid_nodes: tuple[str, ...] = ()
+    # The restart under way rolls out a new pod template: recreate, never in place.
+    rollout: bool = False
 
     def to_json(self) -> str:
         """The compact JSON stored in the group's annotation."""
@@ -408,13 +410,16 @@ class GroupInput:
     round's classification, or None when the group was not probed this round.
     `manual_request`: the id of the group's restart request, if one is set.
     `restart_failures`: pod UID -> why its in-place restart into the record's epoch could
-    not be asked (relabel refused, agent unreachable or refusing).
+    not be asked (relabel refused, agent unreachable or refusing). `template_changed`:
+    the manual request rolls out a new pod template (so the restart must recreate).
     """
 
     pods: tuple[PodView, ...] = ()
     verdict: GroupVerdict | None = None
     manual_request: str | None = None
     restart_failures: Mapping[str, str] = field(default_factory=dict)
+    # The manual request rolls a changed pod template out: only new pods apply it.
+    template_changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -663,6 +668,8 @@ class _Planner:
             self.event(Reason.RESTART_REQUESTED, f"request {req}: restart already under way")
             self.requeue = 0.0
             return True
+        if self.inp.template_changed:
+            self.update(rollout=True)
         if self.rec.step is Step.QUARANTINED:
             # Quarantine lasts until a person asks; asking starts a fresh budget.
             self.update(restart_times=(), backoff_streak=0)
@@ -956,6 +963,8 @@ class _Planner:
         rs, rec = self.s.recovery, self.rec
         if rs.mode == "Recreate":
             return "recovery.mode is Recreate"
+        if rec.rollout:
+            return "a new pod template is rolled out (only new pods apply it)"
         window = rs.in_place.escalation_window_seconds
         if rec.last_in_place_at is not None and self.now - rec.last_in_place_at < window:
             return (
@@ -1021,6 +1030,7 @@ class _Planner:
             old_pods=_refs(self.pods()),
             force_deleted=False,
             avoid_nodes=tuple(avoid),
+            rollout=False,
             **changes,
         )
 

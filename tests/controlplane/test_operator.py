@@ -135,8 +135,54 @@ def test_apply_creates_groups_router_and_reports_ready(env: Env) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_desync_restarts_the_whole_group_in_a_new_epoch(env: Env) -> None:
+def test_desync_restarts_every_container_of_the_group_in_place_in_a_new_epoch(env: Env) -> None:
     apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    before = {p.metadata.name: p.metadata.uid for p in env.pods(DECODE)}
+    for fake in env.kubelet.fakes(DECODE):
+        fake.set_mode("desync")
+    wait_for(lambda: env.group("decode", 0).get("epoch") == 1, 60, "decode epoch 1")
+    wait_for(lambda: env.group("decode", 0).get("state") == "Healthy", 60, "decode re-admitted")
+    pods = env.pods(DECODE)
+    assert {p.metadata.name: p.metadata.uid for p in pods} == before  # the same pods...
+    assert {env.kubelet.restarts.get(uid) for uid in before.values()} == {1}  # ...restarted once
+    assert all(p.status.container_statuses[0].restart_count == 1 for p in pods)
+    assert all(p.metadata.labels["lockstep.dev/epoch"] == "1" for p in pods)
+    assert all(fake.epoch == 1 for fake in env.kubelet.fakes(DECODE))
+    (incident,) = env.status()["incidents"]
+    assert incident["state"] == "Closed" and "InPlace" in incident["action"]
+    reasons = [r for r, _ in env.events()]
+    assert "GroupRestartingInPlace" in reasons and "GroupRestartEscalated" not in reasons
+    # The group's Service follows the epoch (selector and rendezvous port).
+    svc = env.core.read_namespaced_service("qwen-small-decode-0", env.ns)
+    assert svc.spec.selector["lockstep.dev/epoch"] == "1"
+
+
+@pytest.mark.timeout(180)
+def test_an_agent_that_cannot_restart_escalates_to_new_pods(env: Env) -> None:
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    before = {p.metadata.uid for p in env.pods(DECODE)}
+    refusing = env.core.read_namespaced_pod("qwen-small-decode-0-1", env.ns)
+    for fake in env.kubelet.fakes(DECODE):
+        fake.set_mode("desync")
+        fake.refuse_restart = fake.ip == refusing.status.pod_ip
+    wait_for(lambda: env.group("decode", 0).get("epoch") == 2, 60, "decode epoch 2")
+    wait_for(lambda: env.group("decode", 0).get("state") == "Healthy", 60, "decode re-admitted")
+    pods = env.pods(DECODE)
+    assert len(pods) == 2 and not {p.metadata.uid for p in pods} & before  # recreated
+    # (Fake pods are never bound to a node: the anti-affinity is checked end to end.)
+    (incident,) = env.status()["incidents"]
+    assert "escalated" in incident["action"] and "HTTP 503" in incident["action"]
+    assert incident["state"] == "Closed"
+    assert env.group("decode", 0)["restarts"] == 1  # one restart, escalated
+    messages = [m for r, m in env.events() if r == "GroupRestartEscalated"]
+    assert messages and "qwen-small-decode-0-1" in messages[0]
+
+
+@pytest.mark.timeout(180)
+def test_desync_in_recreate_mode_replaces_the_whole_group_in_a_new_epoch(env: Env) -> None:
+    apply_small(env, recovery={"mode": "Recreate", "backoff": {"baseSeconds": 0, "maxSeconds": 0}})
     wait_for(lambda: healthy(env), 60, "both groups healthy")
     before = {p.metadata.name: p.metadata.uid for p in env.pods(DECODE)}
     prefill_uid = env.pods("lockstep.dev/role=prefill")[0].metadata.uid
@@ -213,7 +259,7 @@ def test_operator_killed_mid_recovery_finishes_without_doubling(env: Env) -> Non
     wait_for(
         lambda: (
             records().get("decode/0", {}).get("step")
-            in ("CapturingEvidence", "AwaitingRestart", "Deleting", "WaitingGone", "Creating")
+            in ("CapturingEvidence", "AwaitingRestart", "RestartingInPlace")
         ),
         30,
         "recovery under way",
@@ -231,6 +277,7 @@ def test_operator_killed_mid_recovery_finishes_without_doubling(env: Env) -> Non
     )
     group = env.group("decode", 0)
     assert group["epoch"] == 1 and group["restarts"] == 1  # one restart, not two
+    assert sorted(env.kubelet.restarts.values()) == [1, 1]  # each container once
     incidents = env.status()["incidents"]
     assert len(incidents) == 1 and incidents[0]["state"] == "Closed"
 

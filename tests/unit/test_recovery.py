@@ -1226,3 +1226,31 @@ def test_operator_restart_during_an_in_place_restart_never_restarts_a_pod_twice(
     assert {p.uid for p in sim.view(0)} == uids
     assert sim.actions(DeletePods) == []
     assert sim.records[0].restarts == 1
+
+
+def test_a_template_rollout_recreates_even_in_in_place_mode() -> None:
+    sim = in_place_sim()
+    old = {p.uid for p in sim.view(0)}
+    plan = plan_role(
+        sim.cfg,
+        sim.records,
+        {0: GroupInput(sim.view(0), manual_request="spec-abc", template_changed=True)},
+        now=sim.now,
+    )
+    sim.apply(0, plan.groups[0].actions)
+    sim.records[0] = plan.groups[0].record
+    sim.now += 1
+    run_to_healthy(sim, first="ok")
+    assert sim.actions(RestartInPlace) == []
+    assert not old & {p.uid for p in sim.view(0)}
+    assert sim.records[0].rollout is False
+    # A person's restart request (no template change) is done in place.
+    sim.now += 2000
+    plan = plan_role(
+        sim.cfg, sim.records, {0: GroupInput(sim.view(0), manual_request="req-2")}, now=sim.now
+    )
+    sim.apply(0, plan.groups[0].actions)
+    sim.records[0] = plan.groups[0].record
+    sim.now += 1
+    run_to_healthy(sim, first="ok")
+    assert len(sim.actions(RestartInPlace)) == 1
