@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ import httpx
 import pytest
 from factories import pdd_obj
 
-from lockstep.builders import build_group_pods, dist_port
+from lockstep.builders import build_agent_token_secret, build_group_pods, dist_port
 from lockstep.localcluster import LocalControlPlane
 from lockstep.localcluster.kubelet import GPU_PRODUCT_LABEL, NodeShape, ProcessKubelet
 from lockstep.models import parse_pddeployment
@@ -37,7 +38,7 @@ ip, pod_dir = os.environ["LOCKSTEP_POD_IP"], pathlib.Path(os.environ["LOCKSTEP_P
 mode = os.environ.get("MODE", "")
 print("run starting", flush=True)
 keys = ["LOCKSTEP_POD_IP", "LOCKSTEP_POD_DIR", "LOCKSTEP_POD_NAME", "POD_NAME", "POD_UID",
-        "GREETING", "PATH"]
+        "GREETING", "PATH", "TOKEN", "SPARE", "KUBECONFIG"]
 record = {"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}
 (pod_dir / "record.tmp").write_text(json.dumps(record))
 (pod_dir / "record.tmp").replace(pod_dir / "record.json")
@@ -325,7 +326,7 @@ def test_dist_init_addr_host_becomes_the_rank0_pod_ip(
 
 @pytest.mark.timeout(60)
 def test_the_operators_group_pods_run_with_the_rendezvous_and_host_made_local(
-    kubelet: ProcessKubelet, pods: Pods, namespace: str
+    kubelet: ProcessKubelet, pods: Pods, namespace: str, http: httpx.Client
 ) -> None:
     # A two-pod decode group exactly as the operator builds it (no owner: nothing to
     # garbage-collect it), created through the API server.
@@ -333,6 +334,11 @@ def test_the_operators_group_pods_run_with_the_rendezvous_and_host_made_local(
     obj["metadata"] = {"name": "m", "namespace": namespace}
     pdd = parse_pddeployment(obj)
     group = build_group_pods(pdd, "decode", 0, 3, evaluate(pdd.spec).roles["decode"])
+    # The pods read the agent token from the deployment's Secret, as the operator makes it.
+    secret = http.post(
+        f"/api/v1/namespaces/{namespace}/secrets", json=build_agent_token_secret(pdd, "t0ken")
+    )
+    assert secret.status_code == 201, secret.text
     for body in group:
         pods.create(body)
     names = [body["metadata"]["name"] for body in group]
@@ -486,3 +492,113 @@ def test_an_unmapped_command_cannot_run_and_says_why(
     assert pods.status("unmapped")["phase"] == "Pending"
     assert not pods.ready("unmapped")
     assert (namespace, "unmapped") not in kubelet.processes()
+
+
+@pytest.mark.timeout(60)
+def test_secret_env_waits_for_its_secret_and_key_then_starts_with_the_value(
+    kubelet: ProcessKubelet, pods: Pods, namespace: str, http: httpx.Client
+) -> None:
+    env = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "agent", "key": "token"}}},
+        {
+            "name": "SPARE",
+            "valueFrom": {"secretKeyRef": {"name": "absent", "key": "x", "optional": True}},
+        },
+    ]
+    pods.create(pod("with-secret", env=env))
+
+    def waiting_message() -> str:
+        state = pods.container_status("with-secret").get("state", {})
+        waiting = state.get("waiting", {})
+        if waiting.get("reason") != "CreateContainerConfigError":
+            return ""
+        return str(waiting.get("message", ""))
+
+    message = wait_until(waiting_message, "the missing secret reported")
+    assert 'secret "agent" not found' in message and "agent/token" in message
+    assert (namespace, "with-secret") not in kubelet.processes()
+
+    secrets = f"/api/v1/namespaces/{namespace}/secrets"
+    created = http.post(
+        secrets,
+        json={"metadata": {"name": "agent"}, "stringData": {"other": "x"}},
+    )
+    assert created.status_code == 201, created.text
+    wait_until(
+        lambda: 'key "token" not in secret "agent"' in waiting_message(),
+        "the missing key reported",
+    )
+
+    patched = http.patch(
+        f"{secrets}/agent",
+        headers={"Content-Type": "application/merge-patch+json"},
+        json={"stringData": {"token": "s3cret"}},
+    )
+    assert patched.status_code == 200, patched.text
+    record = record_of(kubelet, namespace, "with-secret")
+    assert record["env"]["TOKEN"] == "s3cret"
+    assert record["env"]["SPARE"] is None  # optional and missing: not set
+    wait_until(lambda: pods.container_status("with-secret").get("ready"), "ready")
+
+
+@pytest.mark.timeout(60)
+def test_a_pod_with_a_service_account_gets_credentials_limited_to_its_rbac(
+    kubelet: ProcessKubelet, pods: Pods, namespace: str, http: httpx.Client, kubectl: Path
+) -> None:
+    created = http.post(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts", json={"metadata": {"name": "reader"}}
+    )
+    assert created.status_code == 201, created.text
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    role = {
+        "metadata": {"name": "reader"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }
+    assert http.post(f"{rbac}/roles", json=role).status_code == 201
+    binding = {
+        "metadata": {"name": "reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+    }
+    assert http.post(f"{rbac}/rolebindings", json=binding).status_code == 201
+    body = pod("reader-pod")
+    body["spec"]["serviceAccountName"] = "reader"
+    pods.create(body)  # the API server refuses a pod whose account does not exist
+
+    record = record_of(kubelet, namespace, "reader-pod")
+    kubeconfig = record["env"]["KUBECONFIG"]
+    assert kubeconfig and Path(kubeconfig).exists()
+
+    def can(verb: str, resource: str) -> str:
+        done = subprocess.run(
+            [
+                str(kubectl),
+                "--kubeconfig",
+                kubeconfig,
+                "-n",
+                namespace,
+                "auth",
+                "can-i",
+                verb,
+                resource,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return done.stdout.strip()
+
+    assert can("watch", "pods") == "yes"
+    assert can("list", "secrets") == "no"
+    assert can("delete", "pods") == "no"
+    whoami = subprocess.run(
+        [str(kubectl), "--kubeconfig", kubeconfig, "auth", "whoami", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    user = json.loads(whoami.stdout)["status"]["userInfo"]
+    assert user["username"] == f"system:serviceaccount:{namespace}:reader"
+    assert f"system:serviceaccounts:{namespace}" in user["groups"]

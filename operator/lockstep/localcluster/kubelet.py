@@ -24,6 +24,9 @@ can map one program without mapping every `python3`):
 
 - command `["lockstep-sglang"]` runs `[sys.executable, "-m", "lockstep_sglang.standin",
   *args]`, the CPU stand-in of the SGLang image; the image itself is ignored;
+- `["python3", "-m", "sglang_router.launch_router", ...]` (the router the operator renders)
+  runs the real sglang-router launcher with this interpreter (`sglang-router` installed
+  here), exactly with the pod's args;
 - any other command runs as written when its executable exists here; otherwise the
   container stays Waiting with reason `ContainerCannotRun` and a message naming it;
 - every pod shares this machine's network, so a wildcard `--host 0.0.0.0` (or `::`)
@@ -31,11 +34,18 @@ can map one program without mapping every `python3`):
 - there is no cluster DNS, so the host of `--dist-init-addr HOST:PORT` is replaced by the
   pod IP of the pod named by HOST's first DNS label in the same namespace (the start
   waits for that pod to have an IP);
-- the environment is the container's `env` (`value`, and `valueFrom.fieldRef` for
+- the environment is the container's `env` (`value`; `valueFrom.fieldRef` for
   metadata.name/namespace/uid, labels and annotations, spec.nodeName, status.podIP and
-  status.hostIP), `LOCKSTEP_POD_IP`, `LOCKSTEP_POD_DIR`, and a few variables of this
-  process (`INHERITED_ENV`: PATH, PYTHONPATH, HOME, ...); `$(VAR)` references are
-  expanded as Kubernetes does.
+  status.hostIP; `valueFrom.secretKeyRef`, read through the API when the container starts:
+  a missing Secret or key keeps the container Waiting with reason
+  `CreateContainerConfigError` and a message naming them, and is tried again, unless the
+  reference is `optional`), `LOCKSTEP_POD_IP`, `LOCKSTEP_POD_DIR`, and a few variables of
+  this process (`INHERITED_ENV`: PATH, PYTHONPATH, HOME, ...); `$(VAR)` references are
+  expanded as Kubernetes does;
+- a pod with a `serviceAccountName` (and `automountServiceAccountToken` not false) gets
+  `KUBECONFIG`: a kubeconfig minted by the control plane for
+  `system:serviceaccount:<namespace>:<name>` in that account's groups, so the API server
+  enforces the RBAC bound to it, as it would with the account's token.
 
 Logs: each run of a container appends to `<pod dir>/container.log` after a header line;
 `log_tail()` reads it here, and the API server's pods/log (`kubectl logs [--previous]`, the
@@ -50,6 +60,7 @@ httpx, as in `LocalControlPlane`, with the admin client certificate.
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import ipaddress
 import json
@@ -73,7 +84,7 @@ from typing import Any, Self
 import httpx
 
 from lockstep.localcluster.containerlogs import ContainerLogServer, run_header
-from lockstep.localcluster.controlplane import LocalControlPlane
+from lockstep.localcluster.controlplane import ControlPlaneError, LocalControlPlane
 
 Obj = dict[str, Any]
 
@@ -81,10 +92,15 @@ CommandTable = Mapping[tuple[str, ...], Sequence[str]]
 """Leading words of a container's command + args -> the local argv that replaces them
 (the longest matching key wins; the remaining words follow)."""
 
+ROUTER_MODULE = "sglang_router.launch_router"
+
 COMMANDS: CommandTable = {
     ("lockstep-sglang",): (sys.executable, "-m", "lockstep_sglang.standin"),
+    # The router the operator renders (`python3 -m sglang_router.launch_router ...`).
+    ("python3", "-m", ROUTER_MODULE): (sys.executable, "-m", ROUTER_MODULE),
 }
-"""The default table: the SGLang image's entry point runs the CPU stand-in."""
+"""The default table: the SGLang image's entry point runs the CPU stand-in, and the
+router image's runs the real sglang-router with this interpreter."""
 
 INHERITED_ENV: tuple[str, ...] = (
     "PATH",
@@ -118,6 +134,7 @@ _WATCH_SECONDS = 30
 _REQUEST_TIMEOUT = 10.0
 _LEASE_SECONDS = 40
 _RESEND_SECONDS = 30.0
+_CONFIG_RETRY_SECONDS = 1.0
 
 
 class KubeletError(RuntimeError):
@@ -130,6 +147,15 @@ class ContainerConfigError(ValueError):
 
 class CannotRun(ValueError):
     """A container's command has no local meaning (no mapping, no such executable)."""
+
+
+class MissingConfig(ContainerConfigError):
+    """A container refers to configuration that may still appear (a Secret or one of its
+    keys): the container waits and the start is tried again."""
+
+
+SecretLookup = Callable[[str], Mapping[str, str] | None]
+"""A Secret's decoded `data` by name (in the pod's namespace), or None when there is none."""
 
 
 # -- pure logic: nodes -----------------------------------------------------------------
@@ -274,6 +300,22 @@ def field_value(pod: Mapping[str, Any], path: str, pod_ip: str) -> str:
     raise ContainerConfigError(f"fieldRef {path!r} is not supported by the process kubelet")
 
 
+def secret_value(
+    container: str, var: str, ref: Mapping[str, Any], secrets: SecretLookup | None
+) -> str | None:
+    """The value of a `valueFrom.secretKeyRef`, or None for a missing optional one.
+
+    Raises `MissingConfig` (naming the Secret and key) when a required one is missing."""
+    name, key = str(ref.get("name", "")), str(ref.get("key", ""))
+    data = secrets(name) if secrets is not None and name else None
+    if data is not None and key in data:
+        return data[key]
+    if ref.get("optional"):
+        return None
+    what = f'secret "{name}" not found' if data is None else f'key "{key}" not in secret "{name}"'
+    raise MissingConfig(f"container {container}: env {var} (secretKeyRef {name}/{key}): {what}")
+
+
 def container_env(
     container: Mapping[str, Any],
     pod: Mapping[str, Any],
@@ -281,9 +323,11 @@ def container_env(
     pod_ip: str,
     pod_dir: Path,
     inherited: Mapping[str, str],
+    secrets: SecretLookup | None = None,
 ) -> dict[str, str]:
-    """The environment of one container's process. Raises `ContainerConfigError` for
-    anything this kubelet cannot provide (envFrom, secret or config map references)."""
+    """The environment of one container's process. Raises `MissingConfig` for a Secret
+    or key that is not there (yet), `ContainerConfigError` for anything this kubelet
+    cannot provide (envFrom, config map references)."""
     name = container.get("name", "")
     if container.get("envFrom"):
         raise ContainerConfigError(f"container {name}: envFrom is not supported")
@@ -297,13 +341,55 @@ def container_env(
             env[key] = expand_refs(str(var.get("value", "")), env)
         elif set(source) == {"fieldRef"}:
             env[key] = field_value(pod, source["fieldRef"]["fieldPath"], pod_ip)
+        elif set(source) == {"secretKeyRef"}:
+            value = secret_value(name, key, source["secretKeyRef"], secrets)
+            if value is not None:
+                env[key] = value
         else:
             kinds = ", ".join(sorted(source))
             raise ContainerConfigError(
                 f"container {name}: env {key} uses valueFrom {kinds}, which the process "
-                "kubelet cannot resolve (only fieldRef)"
+                "kubelet cannot resolve (only fieldRef and secretKeyRef)"
             )
     return env
+
+
+SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:authenticated")
+
+
+def service_account_of(pod: Mapping[str, Any]) -> str | None:
+    """The ServiceAccount whose credentials a pod's containers get: its
+    `serviceAccountName` unless `automountServiceAccountToken` is false. Pods without a
+    name get none here (a kubelet would mount `default`'s, which grants nothing)."""
+    spec = pod.get("spec") or {}
+    name = spec.get("serviceAccountName") or spec.get("serviceAccount")
+    if not name or spec.get("automountServiceAccountToken") is False:
+        return None
+    return str(name)
+
+
+def service_account_identity(namespace: str, account: str) -> tuple[str, list[str]]:
+    """The user and groups the API server gives a ServiceAccount's token."""
+    user = f"system:serviceaccount:{namespace}:{account}"
+    return user, [
+        *SERVICE_ACCOUNT_GROUPS[:1],
+        f"system:serviceaccounts:{namespace}",
+        *SERVICE_ACCOUNT_GROUPS[1:],
+    ]
+
+
+def read_secret(http: httpx.Client, namespace: str, name: str) -> dict[str, str] | None:
+    """A Secret's decoded data, or None when it does not exist."""
+    try:
+        response = http.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if response.status_code == 404:
+            return None
+        body = _ok(response, f"reading secret {namespace}/{name}")
+    except (httpx.HTTPError, KubeletError) as exc:  # the API server may be restarting
+        raise MissingConfig(f'reading secret "{name}": {exc}') from exc
+    data = {k: base64.b64decode(v).decode() for k, v in (body.get("data") or {}).items()}
+    data.update(body.get("stringData") or {})
+    return data
 
 
 def local_argv(
@@ -594,6 +680,8 @@ class ProcessKubelet:
         self._finished: set[str] = set()  # UIDs whose worker is done: never run again
         self._pods: dict[tuple[str, str], Obj] = {}  # every pod seen, by (namespace, name)
         self._groups: set[int] = set()  # process groups alive, for the safety nets
+        self._accounts: dict[tuple[str, str], Path] = {}  # ServiceAccount kubeconfigs
+        self._accounts_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._watch_socket: socket.socket | None = None
         self._logs = ContainerLogServer(self._log_path)
@@ -688,6 +776,8 @@ class ProcessKubelet:
             self._workers.clear()
             self._pods.clear()
             self._finished.clear()
+        with self._accounts_lock:
+            self._accounts.clear()
         self._started = False
         _running.discard(self)
 
@@ -994,6 +1084,35 @@ class ProcessKubelet:
         ip = (pod.get("status") or {}).get("podIP")
         return str(ip) if ip else None
 
+    def service_account_kubeconfig(self, http: httpx.Client, namespace: str, account: str) -> Path:
+        """A kubeconfig for a ServiceAccount (minted once per account and kubelet).
+        Raises `MissingConfig` while the account does not exist."""
+        assert self._cp is not None
+        key = (namespace, account)
+        with self._accounts_lock:
+            path = self._accounts.get(key)
+            if path is not None:
+                return path
+            try:
+                found = http.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}")
+                if found.status_code != 404:
+                    _ok(found, f"reading serviceaccount {namespace}/{account}")
+            except (httpx.HTTPError, KubeletError) as exc:
+                raise MissingConfig(f'reading serviceaccount "{account}": {exc}') from exc
+            if found.status_code == 404:
+                raise MissingConfig(f'serviceaccount "{account}" not found')
+            directory = self.root_dir / "serviceaccounts"
+            directory.mkdir(exist_ok=True)
+            user, groups = service_account_identity(namespace, account)
+            try:
+                path = self._cp.user_kubeconfig(
+                    user, groups, path=directory / f"{namespace}_{account}.kubeconfig"
+                )
+            except ControlPlaneError as exc:
+                raise MissingConfig(f'credentials of serviceaccount "{account}": {exc}') from exc
+            self._accounts[key] = path
+            return path
+
     def _inherited_env(self) -> dict[str, str]:
         env = {k: os.environ[k] for k in self._inherit if k in os.environ}
         env.update(self._extra_env)
@@ -1136,7 +1255,7 @@ class _PodWorker(threading.Thread):
                 if gone or pod["metadata"].get("deletionTimestamp"):
                     self._terminate(http, gone)
                     return
-                self._step(pod)
+                self._step(pod, http)
                 try:
                     self._report(http, pod)
                 except Exception as exc:
@@ -1152,7 +1271,7 @@ class _PodWorker(threading.Thread):
             kubelet._addresses.release(self.ip)
             kubelet._forget(self)
 
-    def _step(self, pod: Obj) -> None:
+    def _step(self, pod: Obj, http: httpx.Client) -> None:
         now = time.monotonic()
         for container in self.containers:
             if container.process is not None:
@@ -1167,21 +1286,33 @@ class _PodWorker(threading.Thread):
                 and container.terminated is None
                 and now >= container.next_start
             ):
-                self._start(container, pod)
+                self._start(container, pod, http)
 
-    def _start(self, container: _Container, pod: Obj) -> None:
+    def _start(self, container: _Container, pod: Obj, http: httpx.Client) -> None:
         kubelet = self.kubelet
         try:
+            inherited = kubelet._inherited_env()
+            account = service_account_of(pod)
+            if account is not None:
+                inherited["KUBECONFIG"] = str(
+                    kubelet.service_account_kubeconfig(http, self.namespace, account)
+                )
             env = container_env(
                 container.spec,
                 pod,
                 pod_ip=self.ip,
                 pod_dir=self.dir,
-                inherited=kubelet._inherited_env(),
+                inherited=inherited,
+                secrets=lambda name: read_secret(http, self.namespace, name),
             )
             argv = local_argv(container.spec, env, kubelet.commands)
         except CannotRun as exc:
             container.waiting, container.permanent = ("ContainerCannotRun", str(exc)), True
+            return
+        except MissingConfig as exc:
+            # As a kubelet does for a Secret that is not there yet: say so and try again.
+            container.waiting = ("CreateContainerConfigError", str(exc))
+            container.next_start = time.monotonic() + _CONFIG_RETRY_SECONDS
             return
         except ContainerConfigError as exc:
             container.waiting, container.permanent = ("CreateContainerConfigError", str(exc)), True
