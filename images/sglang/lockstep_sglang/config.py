@@ -14,12 +14,25 @@ pod agent) inherits the same settings without extra plumbing.
 | ``LOCKSTEP_AGENT_HOST`` / ``_PORT`` | ``0.0.0.0`` / ``8790`` | pod agent address |
 | ``LOCKSTEP_PROBE_TIMEOUT_S`` | ``5`` | ``/lockstep/probe`` default timeout |
 | ``LOCKSTEP_PROBE_MAX_TIMEOUT_S`` | ``60`` | largest ``?timeout=`` accepted |
+| ``LOCKSTEP_GROUP_EPOCH`` | unset | the group epoch the operator created the pod in (decimal) |
+| ``LOCKSTEP_AGENT_TOKEN`` | unset | bearer token of the agent's ``POST /restart`` (unset: restart disabled) |
+| ``LOCKSTEP_POD_NAME`` | unset | echoed by the agent's ``/ranks`` |
+
+The group epoch: the operator renders it into the pod (``LOCKSTEP_GROUP_EPOCH``, and the
+port of ``--dist-init-addr``: ``20000 + epoch % 1000``). An in-place restart
+(``POST /restart`` on the pod agent) moves a running container to a newer epoch without
+recreating the pod, so its env and argv keep the old one: the agent writes the new epoch
+to ``<state_dir>/epoch`` (which outlives the container) before it ends the ranks, and at
+the next start :func:`effective_epoch` prefers that file, and :func:`resolve_epoch` moves
+the rendezvous port to it, so ranks of the old epoch can never join the new rendezvous.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +45,16 @@ SGLANG_CONSENSUS_ENV = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
 AGENT_ENV = "LOCKSTEP_AGENT"
 PROBE_TIMEOUT_ENV = "LOCKSTEP_PROBE_TIMEOUT_S"
 PROBE_MAX_TIMEOUT_ENV = "LOCKSTEP_PROBE_MAX_TIMEOUT_S"
+EPOCH_ENV = "LOCKSTEP_GROUP_EPOCH"
+EPOCH_FILE = "epoch"
+# Must equal the operator's DIST_PORT_BASE / DIST_PORT_SPAN (lockstep.constants); a unit
+# test checks dist_port against lockstep.builders.dist_port (this package cannot import it).
+DIST_PORT_BASE = 20000
+DIST_PORT_SPAN = 1000
+DIST_INIT_FLAGS = ("--dist-init-addr", "--nccl-init-addr")  # SGLang's flag and its alias
+
+logger = logging.getLogger(__name__)
+_DECIMAL = re.compile(r"[0-9]+")
 
 
 def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -85,3 +108,125 @@ class RuntimeConfig:
             probe_timeout_s=_seconds(env, PROBE_TIMEOUT_ENV, probe.DEFAULT_TIMEOUT_S),
             probe_max_timeout_s=_seconds(env, PROBE_MAX_TIMEOUT_ENV, probe.MAX_TIMEOUT_S),
         )
+
+
+def parse_epoch(raw: object) -> int:
+    """A group epoch: a decimal string (or a non-negative int); ``ValueError`` otherwise."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return raw
+    if isinstance(raw, str) and _DECIMAL.fullmatch(raw.strip()):
+        return int(raw.strip())
+    raise ValueError(f"must be a decimal string, got {raw!r}")
+
+
+def epoch_file(state_dir: Path) -> Path:
+    """Where an accepted in-place restart leaves the new epoch."""
+    return state_dir / EPOCH_FILE
+
+
+def read_epoch_file(state_dir: Path) -> int | None:
+    """The epoch in ``<state_dir>/epoch``; None when absent or unreadable (logged)."""
+    path = epoch_file(state_dir)
+    try:
+        raw = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("lockstep: cannot read %s: %s", path, exc)
+        return None
+    try:
+        return parse_epoch(raw)
+    except ValueError as exc:
+        # Written atomically, so only a hand edit gets here; the env epoch still works.
+        logger.warning("lockstep: ignoring %s: %s", path, exc)
+        return None
+
+
+def write_epoch_file(state_dir: Path, epoch: int) -> None:
+    """Durably replace ``<state_dir>/epoch``: temp file, fsync, rename, fsync the dir."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = epoch_file(state_dir)
+    tmp = path.with_name(f".{EPOCH_FILE}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, f"{epoch}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(state_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def effective_epoch(state_dir: Path, environ: Mapping[str, str] | None = None) -> str | None:
+    """The group epoch this container runs in: ``<state_dir>/epoch``, else the env's.
+
+    A file older than ``LOCKSTEP_GROUP_EPOCH`` is stale (a state dir that outlived its
+    pod, with a newer pod created in its place) and is ignored. None: no epoch at all.
+    """
+    env = os.environ if environ is None else environ
+    from_env = env.get(EPOCH_ENV, "").strip() or None
+    from_file = read_epoch_file(state_dir)
+    if from_file is None:
+        return from_env
+    if from_env is not None:
+        try:
+            if parse_epoch(from_env) > from_file:
+                logger.warning(
+                    "lockstep: %s (epoch %d) is older than %s=%s; ignoring it",
+                    epoch_file(state_dir), from_file, EPOCH_ENV, from_env,
+                )  # fmt: skip
+                return from_env
+        except ValueError:
+            pass
+    return str(from_file)
+
+
+def dist_port(epoch: int) -> int:
+    """The torch.distributed rendezvous port of a group epoch (as the operator renders it)."""
+    return DIST_PORT_BASE + epoch % DIST_PORT_SPAN
+
+
+def move_dist_port(addr: str, epoch: int) -> str:
+    """``HOST:PORT`` with PORT replaced by ``dist_port(epoch)`` (IPv6 hosts in brackets)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--dist-init-addr must be HOST:PORT, got {addr!r}")
+    return f"{host}:{dist_port(epoch)}"
+
+
+def move_dist_init_addr(argv: Sequence[str], epoch: int) -> list[str]:
+    """SGLang's argv with the port of ``--dist-init-addr`` (either form) moved to ``epoch``."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")
+        if flag not in DIST_INIT_FLAGS:
+            continue
+        if eq:
+            out[i] = f"{flag}={move_dist_port(value, epoch)}"
+        elif i + 1 < len(out):
+            out[i + 1] = move_dist_port(out[i + 1], epoch)
+    return out
+
+
+def resolve_epoch(
+    state_dir: Path, argv: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[str | None, list[str]]:
+    """The effective epoch, and SGLang's argv with the rendezvous port moved to it.
+
+    The argv is rewritten only when the effective epoch is not the env's (the container
+    was restarted in place into a newer epoch); otherwise it is what the operator rendered.
+    """
+    env = os.environ if environ is None else environ
+    epoch = effective_epoch(state_dir, env)
+    if epoch is None or epoch == (env.get(EPOCH_ENV, "").strip() or None):
+        return epoch, list(argv)
+    moved = move_dist_init_addr(argv, int(epoch))
+    logger.info(
+        "lockstep: restarted in place into epoch %s (env %s): rendezvous port %d",
+        epoch, env.get(EPOCH_ENV), dist_port(int(epoch)),
+    )  # fmt: skip
+    return epoch, moved
