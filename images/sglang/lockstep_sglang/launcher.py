@@ -6,7 +6,11 @@ Order matters, and each step fails fast with a message an operator can act on:
 2. check the installed SGLang version and every pinned source (:mod:`lockstep_sglang.pins`);
    refuse to start (exit 2) naming the function and versions otherwise;
 3. switch on SGLang's rank consensus checker for the spawned schedulers, archive the
-   previous incarnation's rank state, start the pod agent;
+   previous incarnation's rank state, resolve the group epoch (after an in-place restart
+   the one in the state dir, with ``--dist-init-addr`` moved to its port:
+   :func:`lockstep_sglang.config.resolve_epoch`), start the pod agent (with this
+   process's pid, which ``POST /restart`` ends: :data:`~lockstep_sglang.agent.RESTART_SIGNAL`
+   makes it exit 75 at once, even as the container's PID 1);
 4. install the main-process hooks and run SGLang's HTTP server with lockstep's
    scheduler entry (:mod:`lockstep_sglang.server_hooks`, :mod:`lockstep_sglang.hooks`).
 
@@ -14,21 +18,25 @@ Every other argument is SGLang's, passed through untouched. ``--lockstep-check``
 steps 1-2 and exits (0 when the runtime matches): the image build and CI use it.
 
 Exit codes: 0 the server stopped normally, 1 the schedulers ended (non-leader node) or
-SGLang failed, 2 refused to start.
+SGLang failed, 2 refused to start, 75 restarted in place by the operator (pod agent).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
+from types import FrameType
 
 from lockstep_sglang import pins
-from lockstep_sglang.config import RuntimeConfig
+from lockstep_sglang.agent import RESTART_EXIT_CODE, RESTART_SIGNAL
+from lockstep_sglang.config import RuntimeConfig, resolve_epoch
 from lockstep_sglang.rank_state import archive_previous
 
 logger = logging.getLogger("lockstep_sglang.launcher")
@@ -51,11 +59,39 @@ def refuse(message: str) -> int:
     return EXIT_REFUSED
 
 
-def start_agent(config: RuntimeConfig) -> subprocess.Popen[bytes]:
-    """The pod agent as its own process: it must answer while the ranks are wedged."""
+def start_agent(
+    config: RuntimeConfig, *, epoch: str | None, main_pid: int | None = None
+) -> subprocess.Popen[bytes]:
+    """The pod agent as its own process: it must answer while the ranks are wedged.
+
+    ``main_pid`` (default: this process) is what its ``POST /restart`` ends, with every
+    process below it; install :func:`install_restart_handler` first.
+    """
     cmd = [sys.executable, "-m", "lockstep_sglang.agent", "--host", config.agent_host]
     cmd += ["--port", str(config.agent_port), "--state-dir", str(config.state_dir)]
+    cmd += ["--main-pid", str(os.getpid() if main_pid is None else main_pid)]
+    if epoch is not None:
+        cmd += ["--epoch", epoch]
     return subprocess.Popen(cmd)
+
+
+def _restarted(signum: int, _frame: FrameType | None) -> None:
+    # The agent has already killed every other process of the container; exit now,
+    # without cleanup that could wait on them (os._exit: no atexit, no joins).
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        print(f"lockstep: {signal.Signals(signum).name}: restarted in place", file=sys.stderr)
+        sys.stderr.flush()
+    os._exit(RESTART_EXIT_CODE)
+
+
+def install_restart_handler() -> None:
+    """Exit 75 on the agent's :data:`~lockstep_sglang.agent.RESTART_SIGNAL` (main thread).
+
+    A handler, not the default action: as a container's PID 1 this process ignores
+    every signal it has no handler for, ``SIGKILL`` included.
+    """
+    signal.signal(RESTART_SIGNAL, _restarted)
 
 
 def unsupported_mode(server_args: object, environ: Mapping[str, str] | None = None) -> str | None:
@@ -114,7 +150,12 @@ def run_server(config: RuntimeConfig, sglang_argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s lockstep %(message)s")
     config.state_dir.mkdir(parents=True, exist_ok=True)
     archive_previous(config.state_dir)
-    agent = start_agent(config) if config.agent else None
+    try:
+        epoch, sglang_argv = resolve_epoch(config.state_dir, sglang_argv)
+    except ValueError as exc:
+        return refuse(f"lockstep-sglang refuses to start: {exc}")
+    install_restart_handler()
+    agent = start_agent(config, epoch=epoch) if config.agent else None
     try:
         load_plugins()  # as sglang.launch_server does
         server_args = prepare_server_args(sglang_argv)

@@ -6,11 +6,19 @@ agent and the pipe to rank 0 run on their own threads. When any local rank ends,
 whatever reason, it kills the other local ranks and exits non-zero at once — the
 container restarts and the operator sees it. ``SIGTERM``/``SIGINT`` stop the ranks
 (``SIGTERM``, then ``SIGKILL`` after a short grace) and exit 0.
+
+The pod agent runs on a thread here, so its ``POST /restart`` (see
+:mod:`lockstep_sglang.agent`) ends this process itself: ``SIGKILL`` to every local rank,
+then exit 75 (:data:`~lockstep_sglang.agent.RESTART_EXIT_CODE`). At start the group epoch
+is the effective one (:func:`lockstep_sglang.config.resolve_epoch`): after such a
+restart, the epoch in the state dir, with the ``--dist-init-addr`` port moved to it; the
+ranks get it (their store keys carry it), and so do ``ranks.json`` and ``/ranks``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -27,7 +35,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from lockstep_sglang.agent import PodAgent
+from lockstep_sglang.agent import RESTART_EXIT_CODE, PodAgent, RestartOrder
+from lockstep_sglang.config import resolve_epoch
 from lockstep_sglang.rank_state import archive_previous
 from lockstep_sglang.standin.settings import (
     RANK_SPEC_ENV,
@@ -72,6 +81,7 @@ class Pod:
         self.leader = self.server.node_rank == 0
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.http_thread: threading.Thread | None = None
+        self.restarting: RestartOrder | None = None
 
     # -- start ---------------------------------------------------------------------------
     def start_ranks(self) -> tuple[Connection, Connection] | None:
@@ -202,7 +212,8 @@ class Pod:
         )
         try:
             if s.runtime.agent:
-                PodAgent(s.runtime.state_dir).serve_in_thread(s.pod_ip, s.runtime.agent_port)
+                agent = PodAgent(s.runtime.state_dir, epoch=s.epoch, restart=self.restart)
+                agent.serve_in_thread(s.pod_ip, s.runtime.agent_port)
             if pipes is not None:
                 self.start_http(pipes)
         except OSError as exc:
@@ -226,6 +237,9 @@ class Pod:
                 for key, _ in sel.select(timeout=1.0):
                     rank = int(key.data)
                     code = self.procs[rank].wait()
+                    if self.restarting is not None:
+                        # The agent thread killed it and is ending the process: same exit.
+                        return self.end(RESTART_EXIT_CODE)
                     logger.error(
                         "rank %d (pid %d) ended with status %d; ending the pod",
                         rank,
@@ -239,6 +253,27 @@ class Pod:
         except _Stop as sig:
             logger.info("%s: stopping the ranks", sig)
             return self.end(0, grace_s=STOP_GRACE_S)
+
+    def restart(self, order: RestartOrder) -> None:
+        """The agent's restart action (its thread): kill every local rank, exit 75 now."""
+        self.restarting = order
+        try:
+            logger.warning(
+                "restart in place into epoch %s (from %s): %s; killing ranks %s",
+                order.epoch, order.previous_epoch, order.reason or "-", list(self.procs),
+            )  # fmt: skip
+            for proc in self.procs.values():
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            deadline = time.monotonic() + STOP_GRACE_S
+            for proc in self.procs.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(RESTART_EXIT_CODE)
 
     def end(self, code: int, *, grace_s: float = 0.0) -> int:
         """Stop every local rank (``SIGKILL`` after ``grace_s``) and return ``code``."""
@@ -265,9 +300,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO,
         format="%(asctime)s standin pod %(levelname)s %(name)s: %(message)s",
     )
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        server = parse_server_args(sys.argv[1:] if argv is None else argv)
+        server = parse_server_args(argv)
         settings = PodSettings.from_env(server, os.environ)
+        # After an in-place restart: the new epoch, on its own rendezvous port.
+        epoch, argv = resolve_epoch(settings.runtime.state_dir, argv, os.environ)
+        if epoch != settings.epoch:
+            server = parse_server_args(argv)
+            settings = dataclasses.replace(settings, server=server, epoch=epoch)
     except ValueError as exc:
         print(f"lockstep-standin refuses to start: {exc}", file=sys.stderr, flush=True)
         return EXIT_REFUSED
