@@ -422,6 +422,12 @@ class Incident(_Model):
     verdict: str = Field(description="Desynced, Hung or RankDown.")
     state: Literal["Open", "Closed"] = Field("Open", description="Open until re-admitted.")
     action: str = Field("", description="What the operator did.")
+    restart_mode: Literal["InPlace", "Recreate"] | None = Field(
+        None, description="How the group was last restarted in this incident."
+    )
+    escalation: str | None = Field(
+        None, description="Why the group was recreated instead of restarted in place."
+    )
     first_failure_time: str | None = Field(None, description="First failed probe.")
     detected_time: str | None = Field(None, description="When the verdict was reached.")
     recovered_time: str | None = Field(None, description="When the group was re-admitted.")

@@ -731,6 +731,8 @@ class _Planner:
             verdict=inc.verdict,
             state="Open" if recovered_at is None else "Closed",
             action=inc.action,
+            restart_mode=self.rec.mode if inc.attempts else None,
+            escalation=inc.escalation or None,
             first_failure_time=rfc3339(inc.first_failure_at),
             detected_time=rfc3339(inc.detected_at),
             recovered_time=None if recovered_at is None else rfc3339(recovered_at),
@@ -946,6 +948,7 @@ class _Planner:
             self._restart_in_place(attempts, counted)
             return
         culprits = set(rec.incident.culprits) if rec.incident else set()
+        self.update(mode="Recreate")
         if rs.mode == "InPlace":
             self._note_escalation(why_not)
             self._set_action(f"restart the whole group (Recreate; attempt {attempts}): {why_not}")
@@ -989,6 +992,7 @@ class _Planner:
     def _restart_in_place(self, attempts: int, counted: Mapping[str, object]) -> None:
         pods = self._in_place_pods()
         target = self.rec.epoch + 1
+        self.update(mode="InPlace")
         # A pod relabelled by a lost round may have restarted already: count from the
         # epoch's baseline for it (a restart since then is taken as the one asked for).
         asked = {
@@ -1093,6 +1097,7 @@ class _Planner:
         """An in-place restart that cannot finish: recreate the group instead (the same
         attempt: the restart was counted when it began)."""
         attempts = self.rec.incident.attempts if self.rec.incident else 0
+        self.update(mode="Recreate")
         self._note_escalation(f"in-place restart escalated: {why}")
         self._set_action(f"in-place restart escalated to Recreate (attempt {attempts}): {why}")
         self.event(Reason.ESCALATED, f"in-place restart escalated to Recreate: {why}", warning=True)

@@ -1120,6 +1120,7 @@ def test_in_place_restart_keeps_the_pods_and_moves_every_one_to_the_next_epoch()
     (incident,) = sim.incidents.values()
     assert incident.state == "Closed"
     assert "restarted the whole group (InPlace, 1 attempt(s))" in incident.action
+    assert (incident.restart_mode, incident.escalation) == ("InPlace", None)
 
 
 def test_an_agent_that_does_not_answer_escalates_to_recreate_away_from_its_node() -> None:
@@ -1133,6 +1134,12 @@ def test_an_agent_that_does_not_answer_escalates_to_recreate_away_from_its_node(
     # The agent's pod is the culprit: its node is avoided (the other pod's is not).
     assert create == CreateEpoch(2, ("node-1",))
     assert sim.records[0].restarts == 1  # one attempt, escalated, not two restarts
+    modes = [
+        a.incident.restart_mode
+        for a in sim.actions(UpdateIncident)
+        if isinstance(a, UpdateIncident)
+    ]
+    assert modes[-2:] == ["InPlace", "Recreate"]
     assert "GroupRestartEscalated" in sim.reasons()
     (incident,) = sim.incidents.values()
     assert incident.action.startswith(
@@ -1174,6 +1181,8 @@ def test_a_group_failing_again_within_the_window_is_recreated_then_in_place_agai
     assert len(sim.actions(RestartInPlace)) == 1 and sim.actions(DeletePods)
     (second,) = [i for i in sim.incidents.values() if i.id == "decode-0-2"]
     assert "escalationWindowSeconds=600" in second.action
+    assert second.restart_mode == "Recreate"
+    assert second.escalation and "failed again 1" in second.escalation
     sim.now += 1000
     run_to_healthy(sim)  # long after: in place again
     assert sim.records[0].mode == "InPlace" and len(sim.actions(RestartInPlace)) == 2
