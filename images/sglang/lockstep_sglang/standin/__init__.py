@@ -56,6 +56,7 @@ Files in ``LOCKSTEP_POD_DIR``:
   ``state/previous/`` keeps the last incarnation's): the runtime's rank state;
 - ``ranks.json``: ``{"pod", "epoch", "pid", "node_rank", "ranks": [{"rank", "pid"}]}``,
   for tooling that kills (``SIGKILL``) or stalls (``SIGSTOP``) a rank;
+- ``requests.jsonl``: the request log (see HTTP below);
 - ``fault.json`` (written by tooling, see :mod:`.faults`):
   ``{"kind": "none"|"desync"|"hang"|"slow", "ranks": [..] | null, "step_seconds": s,
   "epoch": e | null}``. ``desync``: the named rank decides the opposite of its peers
@@ -79,7 +80,14 @@ failure), ``GET /get_model_info``, ``GET /get_server_info``, ``GET /v1/models``,
 "completion_tokens", "e2e_latency", "bootstrap_*", "disaggregation_mode", ...}}``),
 ``POST /v1/completions`` (OpenAI: ``prompt``, ``max_tokens``), ``GET /lockstep/probe
 [?timeout=s]`` (the runtime's ``ProbeGate``: 200 ok, 504 timeout, 500 failed, 503
-starting; one probe in flight, expired probes dropped before the broadcast). Requests
+starting; one probe in flight, expired probes dropped before the broadcast);
+``/model_info`` and ``/server_info`` answer as their ``get_`` forms. A request with
+``bootstrap_room`` is one half of a PD pair, as sglang-router sends them
+(:mod:`.kv`): a prefill pod computes the first token and hands the "KV" over on its
+bootstrap server (``--disaggregation-bootstrap-port``), a decode pod waits for that
+hand-off from ``bootstrap_host:bootstrap_port`` before it generates (502 when it does not
+come). Every generation request is logged to ``requests.jsonl`` in the pod directory
+when it arrives and when it is answered or fails. Requests
 that get no answer within ``LOCKSTEP_STANDIN_REQUEST_TIMEOUT_S`` get 504, and rank 0
 drops or aborts them on every rank; 503 above 1024 waiting requests; streaming is refused
 (400). Text is deterministic: :func:`lockstep_sglang.standin.protocol.expected_text`.

@@ -8,14 +8,28 @@ rank), on its own thread, so a wedged group cannot stop it from answering — ev
 on the ranks is bounded and ends in an error status.
 
 Routes (see the package docstring for bodies): ``GET /health``, ``GET /health_generate``,
-``GET /get_model_info``, ``GET /get_server_info``, ``GET /v1/models``,
-``POST /generate``, ``POST /v1/completions``, ``GET /lockstep/probe[?timeout=s]``.
+``GET /get_model_info`` (and ``/model_info``), ``GET /get_server_info`` (and
+``/server_info``), ``GET /v1/models``, ``POST /generate``, ``POST /v1/completions``,
+``GET /lockstep/probe[?timeout=s]``.
+
+PD (what sglang-router sends): a request that carries ``bootstrap_room`` is one half of a
+PD pair (:mod:`.kv`). A prefill pod runs it for one token and publishes the KV hand-off
+for the room on its bootstrap server (started with the frontend); a decode pod first
+fetches the hand-off from ``bootstrap_host:bootstrap_port`` (bounded by the request's
+timeout; 502 when it does not come) and then generates. Requests without a room run
+alone, as on a non-PD server.
+
+Request log: every generation request is appended, when it arrives and when it is
+answered, to ``<pod dir>/requests.jsonl`` (``{"event": "received"|"answered"|"failed",
+"at", "route", "rid", "room", "prompt", "status"?}``): how a drill proves which pods a
+router sent requests to, and when.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import queue
@@ -26,18 +40,29 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lockstep_sglang import __version__
 from lockstep_sglang.probe import ProbeGate, ProbeReply
-from lockstep_sglang.standin.protocol import GenerateRequest, GenerateResult, Ready
+from lockstep_sglang.standin.kv import (
+    BootstrapServer,
+    KVError,
+    KVHandoff,
+    KVStore,
+    fetch_handoff,
+    prompt_digest,
+)
+from lockstep_sglang.standin.protocol import GenerateRequest, GenerateResult, Ready, token_id
 from lockstep_sglang.standin.settings import MAX_PENDING, PodSettings
 
 logger = logging.getLogger("lockstep_sglang.standin.server")
 
 PROBE_ROUTE = "/lockstep/probe"
+REQUEST_LOG = "requests.jsonl"
+PROMPT_LOGGED = 120  # characters of a prompt kept in the request log
 DEFAULT_MAX_NEW_TOKENS = 16
 MAX_NEW_TOKENS_LIMIT = 4096
 
@@ -86,11 +111,82 @@ class Frontend:
         self.gate = ProbeGate(
             self._outgoing.put, max_timeout_s=settings.runtime.probe_max_timeout_s
         )
+        self.kv = KVStore()
+        self.request_log = settings.pod_dir / REQUEST_LOG
+        self._log_lock = threading.Lock()
+        self._kv_client: httpx.AsyncClient | None = None
 
     def start(self) -> None:
-        """Start the sender and reader threads."""
+        """Start the sender and reader threads and, on a prefill pod, the bootstrap server
+        that hands the KV of each PD request over to its decode pod."""
         threading.Thread(target=self._send_loop, name="standin-send", daemon=True).start()
         threading.Thread(target=self._recv_loop, name="standin-recv", daemon=True).start()
+        server = self.settings.server
+        if server.disaggregation_mode == "prefill":
+            try:
+                bootstrap = BootstrapServer(self.kv, self.settings.pod_ip, server.bootstrap_port)
+            except OSError as exc:  # decode pods then fail every PD request, loudly
+                logger.error("cannot serve the bootstrap port %d: %s", server.bootstrap_port, exc)
+            else:
+                bootstrap.serve_in_thread()
+                logger.info("bootstrap server on %s:%d", self.settings.pod_ip, bootstrap.port)
+
+    def log_request(self, event: str, **fields: Any) -> None:
+        """Append one line to the request log (never fails the request)."""
+        line = json.dumps({"event": event, "at": round(self._clock(), 6), **fields})
+        try:
+            with self._log_lock, open(self.request_log, "a") as log:
+                log.write(line + "\n")
+        except OSError as exc:
+            logger.warning("request log: %s", exc)
+
+    async def serve(
+        self,
+        text: str,
+        max_new_tokens: int,
+        *,
+        rid: str | None,
+        bootstrap: tuple[Any, Any, Any],
+        route: str,
+    ) -> GenerateResult:
+        """One request as a PD server runs it (see the module docstring), logged."""
+        host, port, room = bootstrap
+        mode = self.settings.server.disaggregation_mode
+        paired = room is not None and mode in ("prefill", "decode")
+        self.log_request("received", route=route, rid=rid, room=room, prompt=text[:PROMPT_LOGGED])
+        try:
+            if paired and mode == "decode":
+                await self._receive_kv(text, max_new_tokens, host, port, int(room))
+            tokens = min(max_new_tokens, 1) if paired and mode == "prefill" else max_new_tokens
+            result = await self.generate(text, tokens, rid=rid, bootstrap=bootstrap)
+            if paired and mode == "prefill":
+                first = result.output_ids[0] if result.output_ids else -1
+                self.kv.publish(
+                    KVHandoff(
+                        int(room), prompt_digest(text), first, self.settings.pod_name, self._clock()
+                    )
+                )
+        except GenerateError as exc:
+            self.log_request("failed", route=route, rid=rid, room=room, status=exc.status)
+            raise
+        self.log_request("answered", route=route, rid=result.rid, room=room, status=200)
+        return result
+
+    async def _receive_kv(
+        self, text: str, max_new_tokens: int, host: Any, port: Any, room: int
+    ) -> None:
+        if not host or not port:
+            raise GenerateError(400, "a PD decode request needs bootstrap_host and bootstrap_port")
+        if self._kv_client is None:
+            self._kv_client = httpx.AsyncClient(trust_env=False)
+        try:
+            handoff = await fetch_handoff(
+                self._kv_client, str(host), int(port), room, text, self.settings.request_timeout_s
+            )
+        except KVError as exc:
+            raise GenerateError(502, str(exc)) from None
+        if max_new_tokens > 0 and handoff.first_token != token_id(text, 0):
+            raise GenerateError(502, f"KV of room {room} does not match the prompt's first token")
 
     def _send_loop(self) -> None:
         while True:
@@ -267,6 +363,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         return JSONResponse({})
 
     @app.get("/get_model_info")
+    @app.get("/model_info")  # the newer name; sglang-router asks for it first
     async def model_info() -> JSONResponse:
         return JSONResponse(
             {
@@ -284,6 +381,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         )
 
     @app.get("/get_server_info")
+    @app.get("/server_info")
     async def server_info() -> JSONResponse:
         return JSONResponse(
             {
@@ -323,7 +421,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         )
 
     async def run_many(
-        prompts: list[str], max_new_tokens: int, rid: str | None, body: Any
+        prompts: list[str], max_new_tokens: int, rid: str | None, body: Any, route: str
     ) -> list[tuple[GenerateResult, tuple[Any, Any, Any]]]:
         jobs = []
         for i, prompt in enumerate(prompts):
@@ -333,7 +431,11 @@ def build_app(frontend: Frontend) -> FastAPI:
                 _nth(body.bootstrap_room, i),
             )
             one_rid = rid if len(prompts) == 1 else (f"{rid}-{i}" if rid else None)
-            jobs.append(frontend.generate(prompt, max_new_tokens, rid=one_rid, bootstrap=bootstrap))
+            jobs.append(
+                frontend.serve(
+                    prompt, max_new_tokens, rid=one_rid, bootstrap=bootstrap, route=route
+                )
+            )
         results = await asyncio.gather(*jobs, return_exceptions=True)
         out: list[tuple[GenerateResult, tuple[Any, Any, Any]]] = []
         for i, res in enumerate(results):
@@ -359,7 +461,9 @@ def build_app(frontend: Frontend) -> FastAPI:
             return _error(400, "either text or input_ids is required")
         started = time.time()
         try:
-            done = await run_many(prompts, body.sampling_params.max_new_tokens, body.rid, body)
+            done = await run_many(
+                prompts, body.sampling_params.max_new_tokens, body.rid, body, "/generate"
+            )
         except GenerateError as exc:
             return _error(exc.status, str(exc))
         items = [
@@ -375,7 +479,7 @@ def build_app(frontend: Frontend) -> FastAPI:
         prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
         started = time.time()
         try:
-            done = await run_many(prompts, body.max_tokens, None, body)
+            done = await run_many(prompts, body.max_tokens, None, body, "/v1/completions")
         except GenerateError as exc:
             return _error(exc.status, str(exc))
         prompt_total = sum(r.prompt_tokens for r, _ in done)
