@@ -1,0 +1,162 @@
+"""Drain and re-admit a group in sglang-router's own worker registry.
+
+What sglang-router 0.3.2 does with Kubernetes service discovery (measured on the local
+cluster; evidence in docs/router.md): it adds a pod as a worker once the pod is Running
+and Ready, and removes it only on the watch event that shows the pod's
+`deletionTimestamp` — and only when the pod's phase and readiness in that event are the
+ones it was added with. So
+
+- a pod whose readiness gate turns False stays a worker and keeps receiving requests;
+- a drained (not Ready) pod that is then deleted is never removed: a stale worker at a
+  dead address, which the router keeps trying (its retries hide most failures, not all);
+- a pod that becomes Ready again under the same name, address and phase (an in-place
+  restart) is not added again, since the router believes it still tracks it.
+
+The readiness gate alone therefore cannot drain a group. lockstep keeps the gate (it
+keeps a drained pod out of router replicas that start later: discovery only adds Ready
+pods) and also, for every router replica, removes the group's serving pod from the
+replica's registry when it drains the group (`GET /workers`, `DELETE /workers/{id}`,
+then waits until the replica no longer lists it) and adds it back when it re-admits the
+group (`POST /workers`, which is idempotent per URL).
+
+Pure functions build the worker identities and decide what to delete; `drain_workers`
+and `admit_workers` do the HTTP with a caller's `httpx.Client` and return the problems
+they met (an unreachable replica is reported, never raised: the restart must go on).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from lockstep import constants as c
+
+BOOTSTRAP_PORT_ANNOTATION = "sglang.ai/bootstrap-port"
+ROUTER_COMPONENT = "router"
+WORKERS_PATH = "/workers"
+REQUEST_TIMEOUT_S = 2.0
+REMOVAL_WAIT_S = 3.0  # the router removes a worker in a background job
+
+
+@dataclass(frozen=True)
+class RouterWorker:
+    """A serving pod as sglang-router's worker API names it."""
+
+    url: str
+    worker_type: str  # "prefill" | "decode"
+    bootstrap_port: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The `POST /workers` body."""
+        out: dict[str, Any] = {"url": self.url, "worker_type": self.worker_type}
+        if self.bootstrap_port is not None:
+            out["bootstrap_port"] = self.bootstrap_port
+        return out
+
+
+def router_pod_selector(deployment: str) -> dict[str, str]:
+    """Selects the router replicas of a deployment (as `builders.build_router` labels them)."""
+    return {c.LABEL_DEPLOYMENT: deployment, c.LABEL_COMPONENT: ROUTER_COMPONENT}
+
+
+def serving_workers(pods: Iterable[Mapping[str, Any]]) -> list[RouterWorker]:
+    """The router workers among `pods`: rank-0 pods with an address (only they serve HTTP)."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        ip = (pod.get("status") or {}).get("podIP")
+        role = labels.get(c.LABEL_ROLE)
+        if labels.get(c.LABEL_RANK) != "0" or not ip or role not in c.ROLES:
+            continue
+        port = (meta.get("annotations") or {}).get(BOOTSTRAP_PORT_ANNOTATION)
+        bootstrap = int(port) if role == "prefill" and port and str(port).isdigit() else None
+        out.append(RouterWorker(f"http://{ip}:{c.PORT_HTTP}", str(role), bootstrap))
+    return out
+
+
+def router_bases(router_pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`http://IP:PORT` of every router replica that may be serving (has an address and
+    is not being deleted); readiness does not matter, a replica may serve before it."""
+    out = []
+    for pod in router_pods:
+        meta = pod.get("metadata") or {}
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and not meta.get("deletionTimestamp"):
+            out.append(f"http://{ip}:{c.PORT_ROUTER}")
+    return sorted(out)
+
+
+def worker_ids(listing: Mapping[str, Any], urls: Iterable[str]) -> list[str]:
+    """Ids, in a `GET /workers` answer, of the workers at `urls`."""
+    wanted = {u.rstrip("/") for u in urls}
+    return [
+        str(w["id"])
+        for w in listing.get("workers") or []
+        if str(w.get("url", "")).rstrip("/") in wanted and w.get("id")
+    ]
+
+
+def _listing(http: httpx.Client, base: str) -> dict[str, Any]:
+    response = http.get(base + WORKERS_PATH, timeout=REQUEST_TIMEOUT_S)
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def drain_workers(
+    http: httpx.Client,
+    bases: Sequence[str],
+    workers: Sequence[RouterWorker],
+    *,
+    wait_s: float = REMOVAL_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[str]:
+    """Remove `workers` from every router replica and wait (up to `wait_s`) until none
+    lists them. Returns the problems met, one line each (empty: drained everywhere)."""
+    urls = [w.url for w in workers]
+    problems: list[str] = []
+    if not urls:
+        return problems
+    for base in bases:
+        try:
+            deadline = clock() + wait_s
+            ids = worker_ids(_listing(http, base), urls)
+            for worker_id in ids:
+                response = http.delete(
+                    f"{base}{WORKERS_PATH}/{worker_id}", timeout=REQUEST_TIMEOUT_S
+                )
+                if response.status_code not in (200, 202, 204, 404):
+                    response.raise_for_status()
+            while ids:
+                ids = worker_ids(_listing(http, base), urls)
+                if ids and clock() > deadline:
+                    problems.append(f"router {base} still lists {len(ids)} drained worker(s)")
+                    break
+                if ids:
+                    sleep(0.05)
+        except (httpx.HTTPError, ValueError) as err:
+            problems.append(f"router {base}: {type(err).__name__}: {err}")
+    return problems
+
+
+def admit_workers(
+    http: httpx.Client, bases: Sequence[str], workers: Sequence[RouterWorker]
+) -> list[str]:
+    """Add `workers` to every router replica (idempotent). Returns the problems met."""
+    problems: list[str] = []
+    for base in bases:
+        for worker in workers:
+            try:
+                response = http.post(
+                    base + WORKERS_PATH, json=worker.body(), timeout=REQUEST_TIMEOUT_S
+                )
+                response.raise_for_status()
+            except httpx.HTTPError as err:
+                problems.append(f"router {base}, worker {worker.url}: {type(err).__name__}: {err}")
+    return problems

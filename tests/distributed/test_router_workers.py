@@ -1,0 +1,155 @@
+"""lockstep's drain and re-admission in the real sglang-router's worker registry.
+
+A real router (PD mode, the `sglang-router` wheel) in front of real stand-in pods (one
+prefill, two decode); `lockstep.router_workers` admits them, drains one decode pod and
+admits it back. What a user would notice is checked from the pods' own request logs:
+while drained, the pod receives nothing and every request still succeeds."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dist_support import wait_until
+from test_standin import HTTP_PORT, Launcher, StandinPod, launcher
+
+from lockstep import constants as c
+from lockstep.router_workers import RouterWorker, admit_workers, drain_workers
+from lockstep_sglang.standin.protocol import expected_text
+
+__all__ = ["launcher"]  # the fixture, used by name
+
+BOOTSTRAP_PORT = 8998
+
+
+def start_pod(launcher: Launcher, mode: str, index: int) -> StandinPod:
+    argv = [
+        "--model-path", "/models/tiny", "--disaggregation-mode", mode, "--tp-size", "1",
+        "--host", "0.0.0.0", "--port", str(HTTP_PORT),
+        "--disaggregation-bootstrap-port", str(BOOTSTRAP_PORT), "--served-model-name", "tiny",
+    ]  # fmt: skip
+    ip = f"{launcher.net}.{50 + index}"
+    return launcher.pod(ip, argv, {"LOCKSTEP_STANDIN_REQUEST_TIMEOUT_S": "5"}, f"m-{mode}-{index}")
+
+
+@pytest.fixture
+def router(launcher: Launcher, tmp_path: Path) -> Iterator[str]:
+    """The real router, PD mode, no static workers; yields its base URL."""
+    ip = f"{launcher.net}.70"
+    log = tmp_path / "router.log"
+    argv = [
+        sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+        "--policy", "round_robin", "--host", ip, "--port", str(c.PORT_ROUTER),
+        "--prometheus-host", ip, "--prometheus-port", str(c.PORT_ROUTER_METRICS),
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://{ip}:{c.PORT_ROUTER}"
+    try:
+
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{base}/workers", timeout=1).status_code == 200
+            return False
+
+        wait_until(up, 60, "the router serving", step=0.2)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def received_since(pod: StandinPod, since: float) -> int:
+    path = pod.pod_dir / "requests.jsonl"
+    if not path.exists():
+        return 0
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    return sum(1 for e in events if e["event"] == "received" and e["at"] >= since)
+
+
+def send(http: httpx.Client, base: str, n: int) -> list[int]:
+    codes = []
+    for i in range(n):
+        prompt = f"through the router {i} {time.time()}"
+        body: dict[str, Any] = {"text": prompt, "sampling_params": {"max_new_tokens": 4}}
+        response = http.post(f"{base}/generate", json=body, timeout=20)
+        codes.append(response.status_code)
+        if response.status_code == 200:
+            assert response.json()["text"] == expected_text(prompt, 4)
+    return codes
+
+
+def serving(pod: StandinPod) -> bool:
+    assert pod.proc.poll() is None, pod.output()[-3000:]
+    with contextlib.suppress(httpx.HTTPError):
+        return pod.get("/health", timeout=2).status_code == 200
+    return False
+
+
+def worker(pod: StandinPod, kind: str) -> RouterWorker:
+    return RouterWorker(
+        f"http://{pod.ip}:{HTTP_PORT}", kind, BOOTSTRAP_PORT if kind == "prefill" else None
+    )
+
+
+@pytest.mark.timeout(180)
+def test_a_drained_decode_pod_gets_no_request_until_it_is_admitted_again(
+    launcher: Launcher, router: str
+) -> None:
+    prefill = start_pod(launcher, "prefill", 0)
+    decode = [start_pod(launcher, "decode", 1), start_pod(launcher, "decode", 2)]
+    http = launcher.http
+    for pod in (prefill, *decode):
+        wait_until(lambda p=pod: serving(p), 60, f"{pod.ip} serving", step=0.2)
+    everyone = [
+        worker(prefill, "prefill"),
+        worker(decode[0], "decode"),
+        worker(decode[1], "decode"),
+    ]
+
+    assert admit_workers(http, [router], everyone) == []
+
+    def healthy() -> bool:
+        listed = http.get(f"{router}/workers", timeout=2).json()["workers"]
+        return len(listed) == 3 and all(w["is_healthy"] for w in listed)
+
+    wait_until(healthy, 30, "three healthy workers in the router", step=0.2)
+    start = time.time()
+    assert send(http, router, 10) == [200] * 10
+    assert received_since(decode[0], start) > 0 and received_since(decode[1], start) > 0
+
+    assert drain_workers(http, [router], [worker(decode[1], "decode")]) == []
+    drained = time.time()
+    assert send(http, router, 10) == [200] * 10
+    assert received_since(decode[1], drained) == 0
+    assert received_since(decode[0], drained) == 10
+    # Draining again (a retried round) finds nothing to do and says nothing is wrong.
+    assert drain_workers(http, [router], [worker(decode[1], "decode")]) == []
+
+    assert admit_workers(http, [router], [worker(decode[1], "decode")]) == []
+    wait_until(healthy, 30, "the decode pod back in the router", step=0.2)
+    back = time.time()
+    assert send(http, router, 10) == [200] * 10
+    assert received_since(decode[1], back) > 0
+
+
+@pytest.mark.timeout(30)
+def test_an_unreachable_router_is_reported_not_raised() -> None:
+    with httpx.Client() as http:
+        gone = ["http://127.0.0.1:9"]  # discard port: nothing listens
+        drain = drain_workers(http, gone, [RouterWorker("http://10.0.0.9:30000", "decode")])
+        admit = admit_workers(http, gone, [RouterWorker("http://10.0.0.9:30000", "decode")])
+    assert len(drain) == 1 and "127.0.0.1:9" in drain[0]
+    assert len(admit) == 1 and "10.0.0.9" in admit[0]
