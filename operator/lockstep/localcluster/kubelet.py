@@ -4,7 +4,7 @@
 `LocalControlPlane`, keeps them Ready with heartbeats (a Lease in `kube-node-lease` and
 the Ready condition's `lastHeartbeatTime`), and turns every Pod the real scheduler binds to
 them into local processes, one process group per container, on the pod's own loopback
-address (127.0.64.1 upwards by default). It reports pod status the way a kubelet does
+address (from 127.0.64.0/18 by default, starting at a random one). It reports pod status the way a kubelet does
 (phase, podIP, container statuses with restart counts, conditions merged by type so the
 operator's readiness gate is never overwritten), probes readiness, restarts containers
 after a back-off, and finishes deletions after the grace period.
@@ -65,6 +65,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -583,15 +584,18 @@ def pod_conditions(
 
 class AddressPool:
     """Loopback addresses for pods, handed out round robin so that a released address
-    (whose sockets may linger in TIME_WAIT) is not reused at once."""
+    (whose sockets may linger in TIME_WAIT) is not reused at once. The round starts at
+    a random address unless `first` is given: two local clusters on one machine (CI
+    jobs, engineers' drills) then almost never hand out the same address, whose fixed
+    ports (HTTP, agent, rendezvous) would collide."""
 
-    def __init__(self, network: str) -> None:
+    def __init__(self, network: str, *, first: int | None = None) -> None:
         self._network = ipaddress.IPv4Network(network)
         if not self._network.is_loopback:
             raise ValueError(f"{network} is not a loopback network")
         self._hosts = [str(h) for h in self._network.hosts() if str(h) != HOST_IP]
         self._used: set[str] = set()
-        self._next = 0
+        self._next = random.randrange(len(self._hosts)) if first is None else first
         self._lock = threading.Lock()
 
     def allocate(self) -> str:
