@@ -160,3 +160,23 @@ def admit_workers(
             except httpx.HTTPError as err:
                 problems.append(f"router {base}, worker {worker.url}: {type(err).__name__}: {err}")
     return problems
+
+
+def sync_router_workers(
+    http: httpx.Client,
+    group_pods: Iterable[Mapping[str, Any]],
+    router_pods: Iterable[Mapping[str, Any]],
+    *,
+    admit: bool,
+) -> list[str]:
+    """The operator's one call: drain (`admit=False`; before the readiness gate turns
+    False, so no request lands in between) or re-admit (`admit=True`; after the gate
+    turns True) the serving pods among `group_pods` in every replica among
+    `router_pods`. Returns the problems met."""
+    workers = serving_workers(group_pods)
+    bases = router_bases(router_pods)
+    if not workers or not bases:
+        return []
+    if admit:
+        return admit_workers(http, bases, workers)
+    return drain_workers(http, bases, workers)

@@ -8,6 +8,13 @@ expected outcome with a hard bound, and returns figures: verdict, time to detect
 injection and from the first failed probe), time to recover, requests sent and failed per
 group (and for the affected group before and after its drain), restarts per group, and
 the incidents. `passed` is True only when the scenario's expected outcome happened.
+
+With `router=True` the deployment's real sglang-router runs too (as the operator renders
+it) and every request goes through it; the figures then also say, from the stand-ins'
+request logs, how many requests the router sent to the affected group while it was
+drained (must be none), to the other groups meanwhile, and to the affected group after
+its re-admission (must be some), and how many requests failed through the router before
+the drain (the detection window) and after it (must be none).
 """
 
 from __future__ import annotations
@@ -22,13 +29,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from lockstep import constants as c
 from lockstep.dev.cluster import DevCluster, wait_for
 from lockstep.dev.faults import FaultKind, inject
-from lockstep.dev.traffic import Traffic, ready_leaders
+from lockstep.dev.traffic import (
+    ROUTER,
+    Traffic,
+    ready_leaders,
+    request_log_arrivals,
+    router_endpoint,
+)
 from lockstep.localcluster.controlplane import repo_root
+from lockstep.router_workers import serving_workers
 
 SCENARIOS = (
     "desync",
@@ -90,6 +105,16 @@ class DrillResult:
     incidents: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    # Through the router (router=True): requests failed, from the stand-ins' logs which
+    # groups received what, and the drain window those counts refer to.
+    router: bool = False
+    router_failed_before_drain: int = 0
+    router_failed_after_drain: int = 0
+    affected_received_while_drained: int = 0
+    affected_received_after_readmission: int = 0
+    others_received_while_drained: int = 0
+    drained_for_s: float | None = None
+    router_stale_workers: list[str] = field(default_factory=list)  # URLs of no live pod
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -106,9 +131,11 @@ class Drill:
         observer: Observer | None = None,
         timeout_s: float = 240.0,
         cluster_options: Mapping[str, Any] | None = None,
+        router: bool = False,
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
-        audit log for the least-privilege drill)."""
+        audit log for the least-privilege drill); `router` puts the real sglang-router in
+        front and sends the traffic through it."""
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
         self.scenario = scenario
@@ -118,8 +145,10 @@ class Drill:
         self.timeout_s = timeout_s
         self.cluster = DevCluster(self.workdir, **dict(cluster_options or {}))
         self.traffic: Traffic | None = None
-        self.result = DrillResult(scenario)
+        self.router = router
+        self.result = DrillResult(scenario, router=router)
         self.drained_at: float | None = None
+        self.readmitted_at: float | None = None
         self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
 
     # ----------------------------------------------------------------- helpers
@@ -152,6 +181,48 @@ class Drill:
             and st.get("decodeReady") == f"{want_d}/{want_d}"
         )
 
+    @property
+    def selector(self) -> str:
+        return f"{c.LABEL_DEPLOYMENT}={NAME}"
+
+    def router_routes_everywhere(self) -> bool:
+        """The router lists a healthy worker for every group (traffic may start)."""
+        spec = self.cluster.pdd(NAMESPACE, NAME)["spec"]
+        want = int(spec["prefill"]["replicas"]) + int(spec["decode"]["replicas"])
+        url = router_endpoint(self.cluster.pods(NAMESPACE, self.selector)).get(ROUTER)
+        if url is None:
+            return False
+        try:
+            workers = httpx.get(f"{url}/workers", timeout=2, trust_env=False).json()["workers"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return False
+        return sum(1 for w in workers if w.get("is_healthy")) == want
+
+    def stale_router_workers(self) -> list[str]:
+        """Workers the router lists that are no live serving pod's (a deleted pod's)."""
+        pods = self.cluster.pods(NAMESPACE, self.selector)
+        url = router_endpoint(pods).get(ROUTER)
+        if url is None:
+            return ["(no Ready router to ask)"]
+        live = {
+            w.url
+            for w in serving_workers(p for p in pods if not p["metadata"].get("deletionTimestamp"))
+        }
+        workers = httpx.get(f"{url}/workers", timeout=5, trust_env=False).json()["workers"]
+        return sorted(str(w["url"]) for w in workers if w["url"] not in live)
+
+    def readmission_time(self, key: str = AFFECTED) -> float | None:
+        """When the operator set the group's readiness gate True again (the condition's
+        lastTransitionTime, whole seconds: rounded down, so never late)."""
+        role, index = key.split("/")
+        sel = f"{self.selector},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index},{c.LABEL_RANK}=0"
+        for pod in self.cluster.pods(NAMESPACE, sel):
+            for cond in (pod.get("status") or {}).get("conditions") or []:
+                if cond.get("type") == c.READINESS_GATE and cond.get("status") == "True":
+                    at = cond.get("lastTransitionTime")
+                    return ts(at if isinstance(at, str) else None)
+        return None
+
     def uids(self, key: str) -> set[str]:
         role, index = key.split("/")
         sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index}"
@@ -163,7 +234,9 @@ class Drill:
         self.samples.append(
             (time.time(), {k: str(v.get("step", "Healthy")) for k, v in recs.items()})
         )
-        if self.drained_at is None:
+        # Only after the injection: while the deployment starts, its groups pass through
+        # the same steps (Creating, WaitingProbe, Readmitting).
+        if self.drained_at is None and self.result.injected_at is not None:
             step = recs.get(AFFECTED, {}).get("step")
             if step in ("CapturingEvidence", "AwaitingRestart", *RESTARTING_STEPS):
                 self.drained_at = time.time()
@@ -200,10 +273,18 @@ class Drill:
             self.cluster.apply(drill_spec(**self.spec_overrides()))
             self.note("applied the drill PDDeployment; waiting for every group to be healthy")
             self.wait(self.all_healthy, 240, "every group healthy")
-            self.note("every group healthy; traffic on")
-            self.traffic = Traffic(
-                lambda: ready_leaders(self.cluster.pods(NAMESPACE, f"{c.LABEL_DEPLOYMENT}={NAME}"))
-            ).start()
+            if self.router:
+                self.wait(self.router_routes_everywhere, 120, "the router routing to every group")
+                self.note("every group healthy and in the router; traffic through the router")
+                self.traffic = Traffic(
+                    lambda: router_endpoint(self.cluster.pods(NAMESPACE, self.selector)),
+                    concurrency=2,
+                ).start()
+            else:
+                self.note("every group healthy; traffic on")
+                self.traffic = Traffic(
+                    lambda: ready_leaders(self.cluster.pods(NAMESPACE, self.selector))
+                ).start()
             time.sleep(3)
             getattr(self, "_" + self.scenario.replace("-", "_"))()
             time.sleep(3)
@@ -226,6 +307,12 @@ class Drill:
         return self.result
 
     def spec_overrides(self) -> dict[str, Any]:
+        overrides = self._scenario_overrides()
+        if self.router:
+            overrides["router"] = {"enabled": True}
+        return overrides
+
+    def _scenario_overrides(self) -> dict[str, Any]:
         if self.scenario == "baseline":
             # The alternative without lockstep: the runtime's decision consensus off (plain
             # SGLang has none in its loops), SGLang's gloo timeout left long, and nobody
@@ -259,6 +346,9 @@ class Drill:
 
     def _figures(self) -> None:
         assert self.traffic is not None
+        if self.router:
+            self._router_figures()
+            return
         r = self.result
         r.requests = {
             k: {"sent": s.sent, "failed": s.failed} for k, s in sorted(self.traffic.stats().items())
@@ -274,6 +364,74 @@ class Drill:
             after = self.traffic.stats(drained).get(AFFECTED)
             r.affected_failed_before_drain = before.failed if before else 0
             r.affected_failed_after_drain = after.failed if after else 0
+
+    def _router_figures(self) -> None:
+        """Failures through the router around the drain, and which groups the router sent
+        requests to while the affected one was drained (from the stand-ins' logs)."""
+        assert self.traffic is not None
+        r = self.result
+        r.requests = {
+            k: {"sent": s.sent, "failed": s.failed} for k, s in sorted(self.traffic.stats().items())
+        }
+        if r.injected_at is None:
+            return
+        drained = self.drained_at or time.time()
+        before = self.traffic.stats(r.injected_at, drained).get(ROUTER)
+        after = self.traffic.stats(drained).get(ROUTER)
+        r.router_failed_before_drain = before.failed if before else 0
+        r.router_failed_after_drain = after.failed if after else 0
+        # Requests through the router after the drain reached the other groups or failed.
+        r.other_groups_failed = r.router_failed_after_drain
+        if self.drained_at is None:
+            return
+        readmitted = self.readmitted_at or time.time()
+        r.drained_for_s = round(readmitted - self.drained_at, 3)
+        arrivals = request_log_arrivals(self.workdir / "kubelet", NAMESPACE, NAME)
+        role, index = AFFECTED.split("/")
+
+        def affected(a: Any) -> bool:
+            return bool(a.role == role and a.group == int(index))
+
+        during = [a for a in arrivals if self.drained_at <= a.at < readmitted]
+        r.affected_received_while_drained = sum(1 for a in during if affected(a))
+        r.others_received_while_drained = sum(
+            1 for a in during if not affected(a) and a.role == "decode"
+        )
+        if self.readmitted_at is not None:
+            r.affected_received_after_readmission = sum(
+                1 for a in arrivals if affected(a) and a.at >= self.readmitted_at
+            )
+
+    def _router_checks(self) -> list[tuple[bool, str]]:
+        """After the group is back: the router must send it requests again (bounded wait),
+        and must have sent it none while it was drained."""
+        self.readmitted_at = self.readmission_time()
+        if self.readmitted_at is None:
+            return [(False, "no readmission time found on decode/0's rank-0 pod")]
+
+        def received_again() -> bool:
+            self._figures_now()
+            return self.result.affected_received_after_readmission > 0
+
+        try:
+            self.wait(received_again, 30, "decode/0 receiving requests through the router again")
+        except TimeoutError as err:
+            return [(False, str(err))]
+        self.note("the router sends decode/0 requests again")
+        r = self.result
+        r.router_stale_workers = self.stale_router_workers()
+        return [
+            (
+                not r.router_stale_workers,
+                f"the router still lists workers of pods that are gone: {r.router_stale_workers}",
+            ),
+            (
+                r.affected_received_while_drained == 0,
+                f"the router sent {r.affected_received_while_drained} request(s) to decode/0 "
+                "while it was drained",
+            ),
+            (r.others_received_while_drained > 0, "the other decode group served meanwhile"),
+        ]
 
     def _expect_restart(self, verdict: str, kind: FaultKind) -> None:
         before = self.uids(AFFECTED)
@@ -292,6 +450,8 @@ class Drill:
             (int(self.group(AFFECTED)["epoch"]) == epoch + 1, "the group is in the next epoch"),
             (len(after) == 2 and not after & before, "every pod of the group was recreated"),
         ]
+        if self.router:
+            checks += self._router_checks()
         self._conclude(checks)
 
     def _judge_incident(self, inc: dict[str, Any]) -> None:

@@ -1,27 +1,36 @@
-"""Drill traffic: deterministic `/generate` requests to every serving group, like a router.
+"""Drill traffic: deterministic `/generate` requests, to every serving group or through the
+router.
 
-A router sends requests only to Ready pods; so does this generator: every round it lists
-the rank-0 pods of the deployment and targets those whose `Ready` condition is True
-(which includes the readiness gate `lockstep.dev/group-healthy` the operator flips to
-drain a group). Each group gets at most one request in flight; outcomes are recorded per
-group with their times, so a drill can count failures inside and outside windows
-(before the drain, while drained, after re-admission).
+Without a router, this generator plays one: every round it lists the rank-0 pods of the
+deployment and targets those whose `Ready` condition is True (which includes the
+readiness gate `lockstep.dev/group-healthy` the operator flips to drain a group). With
+the real sglang-router in front (`router_endpoint`), every request goes to the router and
+the router picks the prefill and decode pods; which pods it picked is in the stand-ins'
+request logs (`request_log_arrivals`). Each target gets at most `concurrency` requests
+in flight; outcomes are recorded per target with their times, so a drill can count
+failures inside and outside windows (before the drain, while drained, after
+re-admission).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from lockstep import constants as c
 
-Targets = Callable[[], dict[str, str]]  # group key ("decode/0") -> base URL of rank 0
+Targets = Callable[[], dict[str, str]]  # group key ("decode/0") or "router" -> base URL
+ROUTER = "router"
+_SEQUENCE = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class Traffic:
     targets: Targets
     interval_s: float = 0.25
     timeout_s: float = 5.0
+    concurrency: int = 1
     clock: Callable[[], float] = time.time
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -86,17 +96,19 @@ class Traffic:
         return out
 
     async def _run(self) -> None:
-        inflight: dict[str, asyncio.Task[None]] = {}
-        async with httpx.AsyncClient() as client:
+        inflight: dict[tuple[str, int], asyncio.Task[None]] = {}
+        async with httpx.AsyncClient(trust_env=False) as client:
             while not self._stop.is_set():
                 try:
                     targets = await asyncio.to_thread(self.targets)
                 except Exception:  # the API server may be restarting in a drill
                     targets = {}
                 for group, url in targets.items():
-                    task = inflight.get(group)
-                    if task is None or task.done():
-                        inflight[group] = asyncio.create_task(self._one(client, group, url))
+                    for slot in range(self.concurrency):
+                        task = inflight.get((group, slot))
+                        if task is None or task.done():
+                            one = self._one(client, group, url)
+                            inflight[(group, slot)] = asyncio.create_task(one)
                 await asyncio.sleep(self.interval_s)
             for task in inflight.values():
                 task.cancel()
@@ -105,7 +117,8 @@ class Traffic:
     async def _one(self, client: httpx.AsyncClient, group: str, url: str) -> None:
         sent = self.clock()
         start = time.monotonic()
-        body = {"text": f"drill {group} {sent:.3f}", "sampling_params": {"max_new_tokens": 8}}
+        text = f"drill {group} #{next(_SEQUENCE)} {sent:.3f}"
+        body = {"text": text, "sampling_params": {"max_new_tokens": 8}}
         ok, error = False, None
         try:
             resp = await client.post(f"{url}/generate", json=body, timeout=self.timeout_s)
@@ -135,4 +148,63 @@ def ready_leaders(pods: list[dict[str, Any]]) -> dict[str, str]:
         if ready and ip:
             key = f"{labels.get(c.LABEL_ROLE)}/{labels.get(c.LABEL_GROUP)}"
             out[key] = f"http://{ip}:{c.PORT_HTTP}"
+    return out
+
+
+def router_endpoint(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """`{"router": "http://IP:8000"}` for the first Ready router pod (what a client's
+    Service would reach), or `{}` while there is none."""
+    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
+        meta = pod.get("metadata") or {}
+        if (meta.get("labels") or {}).get(c.LABEL_COMPONENT) != "router":
+            continue
+        status = pod.get("status") or {}
+        ready = any(
+            cond.get("type") == "Ready" and cond.get("status") == "True"
+            for cond in status.get("conditions") or []
+        )
+        if ready and status.get("podIP") and not meta.get("deletionTimestamp"):
+            return {ROUTER: f"http://{status['podIP']}:{c.PORT_ROUTER}"}
+    return {}
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request a stand-in pod received (from its request log)."""
+
+    pod: str  # pod name
+    uid: str  # pod incarnation
+    role: str
+    group: int
+    at: float
+    room: int | None
+
+
+def _pod_dirs(kubelet_root: Path, namespace: str) -> Iterator[tuple[str, str, Path]]:
+    for directory in sorted((kubelet_root / "pods").glob(f"{namespace}_*")):
+        _, name, uid = directory.name.split("_", 2)
+        yield name, uid, directory
+
+
+def request_log_arrivals(kubelet_root: Path, namespace: str, deployment: str) -> list[Arrival]:
+    """Every request any incarnation of the deployment's serving pods received, from the
+    stand-ins' `requests.jsonl` (the process kubelet keeps every incarnation's directory)."""
+    out: list[Arrival] = []
+    prefix = f"{deployment}-"
+    for name, uid, directory in _pod_dirs(kubelet_root, namespace):
+        parts = name[len(prefix) :].rsplit("-", 2) if name.startswith(prefix) else []
+        if len(parts) != 3 or parts[0] not in c.ROLES:
+            continue
+        log = directory / "requests.jsonl"
+        if not log.exists():
+            continue
+        for line in log.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if event.get("event") == "received":
+                room = event.get("room")
+                out.append(Arrival(name, uid, parts[0], int(parts[1]), float(event["at"]), room))
+    out.sort(key=lambda a: a.at)
     return out
