@@ -190,12 +190,18 @@ def build_group_pods(
 
 
 def _avoid(nodes: Sequence[str]) -> Obj:
-    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}]}
-    return {
-        "nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]
+    # A node field selector takes one value per NotIn: one preference per node (a node
+    # avoided by none of them scores highest).
+    terms = [
+        {
+            "weight": 100,
+            "preference": {
+                "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [node]}]
+            },
         }
-    }
+        for node in sorted(set(nodes))
+    ]
+    return {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
 
 
 def _group_pods(

@@ -219,7 +219,7 @@ def observe_group(
             None if fresh.latency_s is None else fresh.latency_s * 1000,
             fresh.error,
         )
-        agents = tuple(_agent_report(a.pod, a.body, a.error) for a in fresh.agents)
+        agents = tuple(_agent_report(a.pod, a.body, a.error, epoch) for a in fresh.agents)
         baseline = record.restart_baseline if record is not None else {}
         obs = GroupObservation(epoch, expected_pods, probe, views, agents, baseline)
         previous = rt.previous_ranks.get(key, ())
@@ -246,7 +246,7 @@ def observe_group(
     # A rank is down. If it went down because the consensus caught a divergence, its pod
     # agent still has the evidence (in the crashed incarnation's states): that is the
     # cause to report, not the exit it led to.
-    agents = _read_agents_with_previous(rt, pods)
+    agents = _read_agents_with_previous(rt, pods, epoch)
     if any(a.ranks and any(r.consensus_failure for r in a.ranks) for a in agents):
         obs = GroupObservation(
             epoch,
@@ -261,7 +261,7 @@ def observe_group(
 
 
 def _read_agents_with_previous(
-    rt: Runtime, pods: Sequence[Mapping[str, Any]]
+    rt: Runtime, pods: Sequence[Mapping[str, Any]], epoch: int
 ) -> tuple[AgentReport, ...]:
     """Every reachable pod agent's ranks, plus crashed ranks that carry a consensus failure."""
     reports = []
@@ -275,12 +275,24 @@ def _read_agents_with_previous(
         except (httpx.HTTPError, ValueError) as err:
             reports.append(AgentReport(name, None, f"{type(err).__name__}: {err}"))
             continue
-        reports.append(_agent_report(name, body, None))
+        reports.append(_agent_report(name, body, None, epoch))
     return tuple(reports)
 
 
-def _consensus_cause(bodies: Sequence[str]) -> str | None:
-    """A consensus failure found in captured `/ranks` answers (live or crashed ranks)."""
+def _same_epoch_previous(body: Mapping[str, Any], epoch: int) -> list[Any]:
+    """The crashed incarnation's ranks, when that incarnation ran `epoch`: the one an
+    in-place restart ended ran an older epoch, and its failure is not this epoch's. (A
+    runtime that does not report `previous_epoch` is taken at its word.)"""
+    previous = body.get("previous") or []
+    ran = body.get("previous_epoch")
+    if not isinstance(previous, list) or (ran is not None and str(ran) != str(epoch)):
+        return []
+    return previous
+
+
+def _consensus_cause(bodies: Sequence[str], epoch: int) -> str | None:
+    """A consensus failure found in captured `/ranks` answers (live ranks, and crashed
+    ranks of the same epoch)."""
     for text in bodies:
         try:
             body = json.loads(text)
@@ -288,7 +300,7 @@ def _consensus_cause(bodies: Sequence[str]) -> str | None:
             continue
         if not isinstance(body, dict):
             continue
-        for rank in [*(body.get("ranks") or []), *(body.get("previous") or [])]:
+        for rank in [*(body.get("ranks") or []), *_same_epoch_previous(body, epoch)]:
             failure = rank.get("consensus_failure") if isinstance(rank, dict) else None
             if failure:
                 first = failure.get("first_divergence") if isinstance(failure, dict) else None
@@ -327,14 +339,16 @@ def _short(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"[:200]
 
 
-def _agent_report(pod: str, body: Any, error: str | None) -> AgentReport:
+def _agent_report(pod: str, body: Any, error: str | None, epoch: int) -> AgentReport:
     if body is None:
         return AgentReport(pod, None, error)
     if isinstance(body, dict) and body.get("previous"):
         # Ranks of the crashed incarnation count when they carry a consensus failure:
         # the divergence is why they are gone.
         crashed = [
-            r for r in body["previous"] if isinstance(r, dict) and r.get("consensus_failure")
+            r
+            for r in _same_epoch_previous(body, epoch)
+            if isinstance(r, dict) and r.get("consensus_failure")
         ]
         body = {"ranks": [*(body.get("ranks") or []), *crashed]}
     try:
@@ -526,7 +540,7 @@ class _Round:
                     parts.append(f"[{ref.name}] log: unavailable ({type(err).__name__})")
         captured = "\n".join(parts)
         inc = self.incidents.get(action.incident_id)
-        cause = _consensus_cause(captured_bodies)
+        cause = _consensus_cause(captured_bodies, int(inc.get("epoch", 0)) if inc else 0)
         if inc is not None and cause and inc.get("verdict") == "RankDown":
             # The ranks died because the consensus caught a divergence: that is the
             # incident's verdict (the exit was only its consequence).

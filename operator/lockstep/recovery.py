@@ -1067,6 +1067,8 @@ class _Planner:
             for r in asked
             if by_uid[r.uid].restart_count <= self.rec.asked_counts.get(r.uid, 0)
             or by_uid[r.uid].epoch != self.rec.epoch
+            # The count moves when the old container ends; the new one may still wait.
+            or not by_uid[r.uid].container_running
         ]
         if not waiting:
             have = [by_uid[r.uid] for r in asked]

@@ -141,6 +141,8 @@ def test_two_pod_group_restarts_in_place_into_the_new_epoch_on_its_new_port(
         assert json.loads((pod.pod_dir / "ranks.json").read_text())["epoch"] == "4"
         # The killed incarnation's rank state is kept as evidence.
         assert [s["alive"] for s in state["previous"]] == [False]
+        # ...of the epoch it ran: the operator does not take its failure for epoch 4's.
+        assert state["previous_epoch"] == "3"
     assert listening(restarted[0].ip, dist_port(4))
     assert not listening(restarted[0].ip, dist_port(3))
     assert "rendezvous port 20004" in restarted[0].output()

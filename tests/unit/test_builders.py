@@ -216,11 +216,13 @@ def test_a_recreated_group_prefers_other_nodes_than_the_failing_ranks() -> None:
     avoiding = build_group_pods(pdd, "decode", 0, 3, policy, avoid_nodes=["gpu-b", "gpu-a"])
     assert all("affinity" not in p["spec"] for p in plain)
     for pod in avoiding:
-        (pref,) = pod["spec"]["affinity"]["nodeAffinity"][
+        prefs = pod["spec"]["affinity"]["nodeAffinity"][
             "preferredDuringSchedulingIgnoredDuringExecution"
         ]
-        assert pref["preference"]["matchFields"] == [
-            {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-a", "gpu-b"]}
+        # The API server takes one value per node field selector: one term per node.
+        assert [p["preference"]["matchFields"] for p in prefs] == [
+            [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu-a"]}],
+            [{"key": "metadata.name", "operator": "NotIn", "values": ["gpu-b"]}],
         ]
     # A preference, not a template change: the group is not rolled for it.
     assert [p["metadata"]["annotations"] for p in plain] == [

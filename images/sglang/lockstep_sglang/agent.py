@@ -13,6 +13,8 @@ from a dead rank, and to capture evidence before it restarts the group:
   (the effective one, :func:`lockstep_sglang.config.effective_epoch`: after an in-place
   restart, the epoch it was restarted into, not the pod's ``LOCKSTEP_GROUP_EPOCH``).
 
+  ``previous_epoch`` is the group epoch that incarnation ran (None: unknown): after an
+  in-place restart it is the old epoch, whose failure is not the new epoch's.
   ``previous`` holds the ranks of the last incarnation of this container (archived by
   the launcher at start), so a crash's evidence survives the restart it caused.
 - ``POST /stacks`` (optional JSON body ``{"timeout_s": float, "native": bool}``):
@@ -97,6 +99,7 @@ from lockstep_sglang.rank_state import (
     PREVIOUS_SUBDIR,
     SCHEMA,
     RankStateJSON,
+    previous_epoch,
     read_rank_states,
     state_dir_from_env,
 )
@@ -132,6 +135,7 @@ class RanksResponse(TypedDict):
     now: float
     ranks: list[RankStateJSON]
     previous: list[RankStateJSON]
+    previous_epoch: str | None
 
 
 class StackJSON(TypedDict):
@@ -260,6 +264,7 @@ class PodAgent:
             "now": self._clock(),
             "ranks": read_rank_states(self.state_dir),
             "previous": read_rank_states(self.state_dir / PREVIOUS_SUBDIR),
+            "previous_epoch": previous_epoch(self.state_dir),
         }
 
     def stacks(

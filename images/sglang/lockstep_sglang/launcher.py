@@ -37,7 +37,7 @@ from types import FrameType
 from lockstep_sglang import pins
 from lockstep_sglang.agent import RESTART_EXIT_CODE, RESTART_SIGNAL
 from lockstep_sglang.config import RuntimeConfig, resolve_epoch
-from lockstep_sglang.rank_state import archive_previous
+from lockstep_sglang.rank_state import archive_previous, mark_incarnation
 
 logger = logging.getLogger("lockstep_sglang.launcher")
 
@@ -154,6 +154,7 @@ def run_server(config: RuntimeConfig, sglang_argv: list[str]) -> int:
         epoch, sglang_argv = resolve_epoch(config.state_dir, sglang_argv)
     except ValueError as exc:
         return refuse(f"lockstep-sglang refuses to start: {exc}")
+    mark_incarnation(config.state_dir, epoch)
     install_restart_handler()
     agent = start_agent(config, epoch=epoch) if config.agent else None
     try:

@@ -447,6 +447,31 @@ def read_rank_states(state_dir: Path) -> list[RankStateJSON]:
     return states
 
 
+INCARNATION_EPOCH_FILE = "rank-epoch"
+
+
+def mark_incarnation(state_dir: Path, epoch: str | None) -> None:
+    """Record the group epoch this incarnation runs, beside its rank files (the name
+    matches ``rank-*``, so :func:`archive_previous` moves it with them): the operator must
+    tell a previous incarnation of this epoch (a crash) from one of an older epoch (the
+    incarnation an in-place restart ended)."""
+    path = state_dir / INCARNATION_EPOCH_FILE
+    if epoch is None:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f".{INCARNATION_EPOCH_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(epoch)
+    os.replace(tmp, path)
+
+
+def previous_epoch(state_dir: Path) -> str | None:
+    """The epoch the previous incarnation ran (None: unknown or none)."""
+    try:
+        return (state_dir / PREVIOUS_SUBDIR / INCARNATION_EPOCH_FILE).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def archive_previous(state_dir: Path) -> None:
     """Move the last incarnation's files to ``previous/`` before the ranks start again.
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from lockstep_sglang.agent import RESTART_EXIT_CODE, PodAgent, RestartOrder
 from lockstep_sglang.config import resolve_epoch
-from lockstep_sglang.rank_state import archive_previous
+from lockstep_sglang.rank_state import archive_previous, mark_incarnation
 from lockstep_sglang.standin.settings import (
     RANK_SPEC_ENV,
     PodSettings,
@@ -193,6 +193,7 @@ class Pod:
         s.runtime.state_dir.mkdir(parents=True, exist_ok=True)
         # The last incarnation's evidence (a consensus failure) survives this restart.
         archive_previous(s.runtime.state_dir)
+        mark_incarnation(s.runtime.state_dir, s.epoch)
         (s.pod_dir / RANKS_FILE).unlink(missing_ok=True)
         try:
             pipes = self.start_ranks()
