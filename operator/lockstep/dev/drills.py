@@ -20,14 +20,16 @@ the drain (the detection window) and after it (must be none).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import yaml
@@ -54,12 +56,21 @@ SCENARIOS = (
     "flapping",
     "operator-crash",
     "concurrent",
+    "agent-down",
     "baseline",
 )
+RecoveryMode = Literal["InPlace", "Recreate"]
 NAMESPACE = "lockstep-drill"
 NAME = "drill"
 AFFECTED = "decode/0"
-RESTARTING_STEPS = ("Deleting", "WaitingGone", "Creating", "WaitingProbe", "Readmitting")
+RESTARTING_STEPS = (
+    "RestartingInPlace",
+    "Deleting",
+    "WaitingGone",
+    "Creating",
+    "WaitingProbe",
+    "Readmitting",
+)
 
 Observer = Callable[["Drill", str], None]
 
@@ -102,6 +113,9 @@ class DrillResult:
     affected_failed_after_drain: int = 0
     other_groups_failed: int = 0
     restarts: dict[str, int] = field(default_factory=dict)
+    # The spec's recovery.mode, and how the affected group was actually restarted.
+    recovery_mode: str = "InPlace"
+    restart_mode: str | None = None
     incidents: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
@@ -132,10 +146,13 @@ class Drill:
         timeout_s: float = 240.0,
         cluster_options: Mapping[str, Any] | None = None,
         router: bool = False,
+        recovery_mode: RecoveryMode = "InPlace",
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
         audit log for the least-privilege drill); `router` puts the real sglang-router in
-        front and sends the traffic through it."""
+        front and sends the traffic through it; `recovery_mode` is the deployment's
+        `recovery.mode` (the drills judge restarts by it: the same pods restarted in place,
+        or new pods)."""
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
         self.scenario = scenario
@@ -146,7 +163,8 @@ class Drill:
         self.cluster = DevCluster(self.workdir, **dict(cluster_options or {}))
         self.traffic: Traffic | None = None
         self.router = router
-        self.result = DrillResult(scenario, router=router)
+        self.recovery_mode = recovery_mode
+        self.result = DrillResult(scenario, router=router, recovery_mode=recovery_mode)
         self.drained_at: float | None = None
         self.readmitted_at: float | None = None
         self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
@@ -310,6 +328,7 @@ class Drill:
         overrides = self._scenario_overrides()
         if self.router:
             overrides["router"] = {"enabled": True}
+        overrides["recovery"] = {**overrides.get("recovery", {}), "mode": self.recovery_mode}
         return overrides
 
     def _scenario_overrides(self) -> dict[str, Any]:
@@ -433,8 +452,27 @@ class Drill:
             (r.others_received_while_drained > 0, "the other decode group served meanwhile"),
         ]
 
-    def _expect_restart(self, verdict: str, kind: FaultKind) -> None:
+    def restart_counts(self, key: str) -> dict[str, int]:
+        """Container restarts of each pod (by UID) of a group."""
+        role, index = key.split("/")
+        sel = f"{c.LABEL_DEPLOYMENT}={NAME},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index}"
+        return {
+            p["metadata"]["uid"]: sum(
+                int(s.get("restartCount", 0))
+                for s in (p.get("status") or {}).get("containerStatuses") or []
+            )
+            for p in self.cluster.pods(NAMESPACE, sel)
+        }
+
+    def _expect_restart(
+        self, verdict: str, kind: FaultKind, mode: RecoveryMode | None = None
+    ) -> None:
+        """Inject, wait for the verdict and the re-admission, and judge the restart: in
+        `mode` (default: the deployment's), the same pods each restarted once more in
+        place, or every pod replaced."""
+        mode = mode or self.recovery_mode
         before = self.uids(AFFECTED)
+        counts = self.restart_counts(AFFECTED)
         epoch = int(self.group(AFFECTED).get("epoch", 0))
         self.result.injected_at = time.time()
         self.inject(kind)
@@ -447,9 +485,27 @@ class Drill:
         after = self.uids(AFFECTED)
         checks = [
             (inc["verdict"] == verdict, f"verdict {inc['verdict']}, expected {verdict}"),
-            (int(self.group(AFFECTED)["epoch"]) == epoch + 1, "the group is in the next epoch"),
-            (len(after) == 2 and not after & before, "every pod of the group was recreated"),
+            (
+                inc.get("restartMode") == mode,
+                f"restarted {inc.get('restartMode')}, expected {mode}",
+            ),
         ]
+        if mode == "InPlace":
+            now = self.restart_counts(AFFECTED)
+            checks += [
+                (int(self.group(AFFECTED)["epoch"]) == epoch + 1, "the group is in the next epoch"),
+                (after == before, "the same pods (UIDs) came back"),
+                (
+                    all(now.get(uid, 0) > n for uid, n in counts.items()),
+                    f"every container restarted (restart counts {counts} -> {now})",
+                ),
+            ]
+        else:
+            # An escalated in-place attempt took one epoch; the recreate the next.
+            checks += [
+                (int(self.group(AFFECTED)["epoch"]) > epoch, "the group is in a later epoch"),
+                (len(after) == 2 and not after & before, "every pod of the group was recreated"),
+            ]
         if self.router:
             checks += self._router_checks()
         self._conclude(checks)
@@ -459,6 +515,7 @@ class Drill:
         if not inc:
             return
         r.verdict = inc["verdict"]
+        r.restart_mode = inc.get("restartMode")
         detected = ts(inc.get("detectedTime"))
         if detected is not None and r.injected_at is not None:
             r.time_to_detect_s = round(detected - r.injected_at, 3)
@@ -491,7 +548,65 @@ class Drill:
         self._expect_restart("RankDown", "kill-rank")
 
     def _pod_delete(self) -> None:
-        self._expect_restart("RankDown", "delete-pod")
+        # A pod that is gone cannot restart in place: the group is always recreated.
+        self._expect_restart("RankDown", "delete-pod", mode="Recreate")
+
+    def _restart_without_token(self) -> list[tuple[bool, str]]:
+        """`POST /restart` to decode/0's agents with no token and a wrong one: refused
+        (401), and nothing restarts."""
+        counts = self.restart_counts(AFFECTED)
+        role, index = AFFECTED.split("/")
+        sel = f"{self.selector},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index}"
+        answers = []
+        for pod in self.cluster.pods(NAMESPACE, sel):
+            url = f"http://{pod['status']['podIP']}:{c.PORT_AGENT}/restart"
+            for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+                resp = httpx.post(url, json={"epoch": "99"}, headers=headers, timeout=5)
+                answers.append(resp.status_code)
+        time.sleep(3)
+        self.note(f"POST /restart without the token: {answers}")
+        return [
+            (set(answers) == {401}, f"restart without the token answered {answers}, not 401"),
+            (self.restart_counts(AFFECTED) == counts, "nothing restarted on a refused request"),
+            (self.group(AFFECTED).get("state") == "Healthy", "the group stayed Healthy"),
+        ]
+
+    def _agent_down(self) -> None:
+        """A desync in a group whose rank-1 pod agent cannot answer (its pod's main
+        process, which serves the agent, is stopped): the in-place restart escalates to
+        recreating the group, whose new pods prefer other nodes than that pod's."""
+        role, index = AFFECTED.split("/")
+        refused = self._restart_without_token()
+        sel = f"{self.selector},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index},{c.LABEL_RANK}=1"
+        (pod,) = self.cluster.pods(NAMESPACE, sel)
+        name, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
+        assert self.cluster.kubelet is not None
+        pid = self.cluster.kubelet.processes()[(NAMESPACE, name)]
+        os.kill(pid, signal.SIGSTOP)
+        self.note(f"stopped {name}'s main process (its pod agent) on {node}")
+        self._expect_restart("Desynced", "desync", mode="Recreate")
+        inc = self.incident(AFFECTED) or {}
+        new = self.cluster.pods(NAMESPACE, sel.replace(f",{c.LABEL_RANK}=1", ""))
+        avoided = [
+            t["preference"]["matchFields"][0]["values"][0]
+            for p in new
+            for t in ((p["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+                "preferredDuringSchedulingIgnoredDuringExecution", []
+            )
+        ]
+        more = [
+            *refused,
+            (
+                "did not accept the restart" in str(inc.get("escalation")),
+                f"escalated because the agent did not answer ({inc.get('escalation')})",
+            ),
+            (bool(new) and all(n == node for n in avoided) and len(avoided) == len(new),
+             f"the new pods avoid {node} (avoided: {avoided})"),
+        ]  # fmt: skip
+        if self.result.passed:
+            self._conclude(more)
+        else:
+            self.result.reason += "; " + "; ".join(why for ok, why in more if not ok)
 
     def _slow(self) -> None:
         before = self.uids(AFFECTED)
