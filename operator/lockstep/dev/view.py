@@ -12,6 +12,7 @@ from rich.table import Table
 
 from lockstep import constants as c
 from lockstep.dev.drills import Drill, DrillResult
+from lockstep.dev.traffic import ROUTER
 
 STATE_STYLE = {
     "Healthy": "green",
@@ -65,6 +66,11 @@ def snapshot(drill: Drill) -> Group:
                 str(s.ok if s else 0),
                 str(s.failed if s else 0),
             )
+    through_router = stats.get(ROUTER)
+    if through_router is not None:  # router drills: requests are the router's, not a group's
+        table.add_row(
+            "via router", "", "", "", "", "", str(through_router.ok), str(through_router.failed)
+        )
     log = "\n".join(drill.result.notes[-10:]) or "starting the local cluster..."
     return Group(table, Panel(log, title="what happened"))
 
@@ -75,7 +81,7 @@ def render_result(console: Console, result: DrillResult) -> None:
     figures = Table(title="figures")
     figures.add_column("figure")
     figures.add_column("value")
-    for name, value in (
+    rows: tuple[tuple[str, object], ...] = (
         ("verdict", result.verdict),
         ("time to detect (from injection)", result.time_to_detect_s),
         ("time to detect (first failed probe to verdict)", result.probe_time_to_detect_s),
@@ -84,7 +90,16 @@ def render_result(console: Console, result: DrillResult) -> None:
         ("requests failed on decode/0 after its drain", result.affected_failed_after_drain),
         ("requests failed on the other groups", result.other_groups_failed),
         ("restarts per group", result.restarts),
-    ):
+    )
+    router_rows = (
+        ("requests failed through the router before the drain", result.router_failed_before_drain),
+        ("requests failed through the router after the drain", result.router_failed_after_drain),
+        ("requests the router sent decode/0 while drained", result.affected_received_while_drained),
+        ("requests the router sent decode/1 meanwhile", result.others_received_while_drained),
+        ("requests to decode/0 after re-admission", result.affected_received_after_readmission),
+        ("router workers of pods that are gone", result.router_stale_workers),
+    )
+    for name, value in (*rows, *(router_rows if result.router else ())):
         figures.add_row(name, str(value))
     console.print(figures)
     for inc in result.incidents:
