@@ -9,9 +9,17 @@
 - apiGroups: ["lockstep.dev"]
   resources: ["pddeployments/status"]
   verbs: ["patch"]
-# The SGLang pods, one per (role, group, node rank): created per epoch, deleted a whole
-# group at once on recovery, labels and annotations patched. get/list/watch are also what
-# the router's Role grants, which RBAC lets the operator hand on only because it holds them.
+# Every object the operator creates names its PDDeployment as controller owner with
+# blockOwnerDeletion; where the OwnerReferencesPermissionEnforcement admission plugin runs
+# (OpenShift, hardened clusters) setting that takes update on the owner's finalizers.
+- apiGroups: ["lockstep.dev"]
+  resources: ["pddeployments/finalizers"]
+  verbs: ["update"]
+# The SGLang pods, one per (role, group, node rank): listed every round, created per
+# epoch, deleted a whole group at once (Recreate restarts, scale-down) and relabelled
+# with the new epoch before an in-place restart. get and watch the operator never calls:
+# it holds them because the router's Role grants them (pods get/list/watch for service
+# discovery), and RBAC lets a user create a Role only with permissions it holds itself.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
@@ -24,32 +32,30 @@
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
-# Each group's headless rendezvous Service (its selector moves with the epoch) and the
-# router's Service.
+# Each group's headless rendezvous Service (listed every round, its selector and port
+# patched as the epoch moves, deleted on scale-down) and the router's Service (created).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The router's ServiceAccount.
+  verbs: ["list", "create", "patch", "delete"]
+# The router's objects are created once when the router is on (an existing one is kept
+# as it is) and garbage-collected with their PDDeployment, so no read, patch or delete:
+# its ServiceAccount,
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The router's Role (pods get/list/watch for its service discovery) and RoleBinding.
+  verbs: ["create"]
+# its Role (pods get/list/watch for service discovery) and RoleBinding,
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The router's Deployment.
+  verbs: ["create"]
+# and its Deployment.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# An Event for every verdict and action (kopf.event posts core/v1 Events; a repeated
-# Event is patched with a new count rather than created again).
+  verbs: ["create"]
+# An Event for every verdict and action (kopf.event posts a new core/v1 Event each time;
+# it neither patches Events nor uses events.k8s.io).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-# The same Events through events.k8s.io/v1, the API newer Kubernetes clients record with.
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- if and .Values.ha.enabled (include "lockstep.watchNamespaces" . | fromJsonArray) }}
 # HA: kopf peering per watched namespace (keep-alives are patches of the peering object).
 - apiGroups: ["kopf.dev"]
@@ -60,10 +66,10 @@
 
 {{/* Rules for cluster-scoped objects. */}}
 {{- define "lockstep.clusterRules" -}}
-# kopf watches CRDs to notice its resource (re)appearing; read-only.
+# kopf lists and watches CRDs to notice its resource (re)appearing; read-only.
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- if and .Values.ha.enabled (not (include "lockstep.watchNamespaces" . | fromJsonArray)) }}
 # HA, every namespace: kopf peering in one ClusterKopfPeering.
 - apiGroups: ["kopf.dev"]
