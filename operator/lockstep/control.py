@@ -95,6 +95,7 @@ ANNOTATION_RECORDS = f"{c.GROUP}/groups"
 ANNOTATION_RESTART = f"{c.GROUP}/restart"
 MAX_INCIDENTS = 20
 EVIDENCE_MARK = "\n--- captured before restart ---\n"
+UNREACHABLE = "unreachable"
 
 EventSink = Callable[[str, str, str], None]  # type (Normal|Warning), reason, message
 
@@ -517,27 +518,34 @@ class _Round:
 
     def _capture(self, action: CaptureEvidence) -> None:
         """Rank states, stacks and log tails of every pod, bounded, into the incident."""
-        parts: list[str] = []
-        captured_bodies: list[str] = []
         pods = {p["metadata"]["name"]: p for p in self._pods()}
-        for ref in action.pods:
-            pod = pods.get(ref.name)
-            ip = ((pod or {}).get("status") or {}).get("podIP")
+
+        def one(name: str) -> tuple[list[str], str | None]:
+            parts: list[str] = []
+            ranks_text: str | None = None
+            ip = ((pods.get(name) or {}).get("status") or {}).get("podIP")
             if ip:
                 base = f"http://{ip}:{c.PORT_AGENT}"
                 ranks_text = self._http("GET", f"{base}/ranks")
-                captured_bodies.append(ranks_text)
-                parts.append(f"[{ref.name}] ranks: {ranks_text}")
-                if action.stacks:
-                    parts.append(f"[{ref.name}] stacks: {self._http('POST', f'{base}/stacks')}")
+                parts.append(f"[{name}] ranks: {ranks_text}")
+                # An agent that did not answer /ranks will not dump stacks either.
+                if action.stacks and not ranks_text.startswith(UNREACHABLE):
+                    parts.append(f"[{name}] stacks: {self._http('POST', f'{base}/stacks')}")
             if action.log_lines:
                 try:
                     logs = self.rt.kube.core.read_namespaced_pod_log(
-                        ref.name, self.namespace, tail_lines=action.log_lines
+                        name, self.namespace, tail_lines=action.log_lines
                     )
-                    parts.append(f"[{ref.name}] log:\n{logs}")
+                    parts.append(f"[{name}] log:\n{logs}")
                 except Exception as err:
-                    parts.append(f"[{ref.name}] log: unavailable ({type(err).__name__})")
+                    parts.append(f"[{name}] log: unavailable ({type(err).__name__})")
+            return parts, ranks_text
+
+        # Every pod at once: one silent agent must not hold up the others' evidence.
+        with ThreadPoolExecutor(max_workers=min(len(action.pods), 16) or 1) as pool:
+            results = list(pool.map(one, [ref.name for ref in action.pods]))
+        parts = [part for found, _ in results for part in found]
+        captured_bodies = [text for _, text in results if text is not None]
         captured = "\n".join(parts)
         inc = self.incidents.get(action.incident_id)
         cause = _consensus_cause(captured_bodies, int(inc.get("epoch", 0)) if inc else 0)
@@ -553,10 +561,10 @@ class _Round:
 
     def _http(self, method: str, url: str) -> str:
         try:
-            resp = self.rt.http.request(method, url, timeout=15.0)
+            resp = self.rt.http.request(method, url, timeout=httpx.Timeout(15.0, connect=3.0))
             return resp.text[:4000]
         except httpx.HTTPError as err:
-            return f"unreachable ({type(err).__name__}: {err})"
+            return f"{UNREACHABLE} ({type(err).__name__}: {err})"
 
     def _pods(self) -> list[dict[str, Any]]:
         return self.rt.kube.list_pods(self.namespace, {c.LABEL_DEPLOYMENT: self.pdd.metadata.name})
