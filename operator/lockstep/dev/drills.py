@@ -116,6 +116,9 @@ class DrillResult:
     # The spec's recovery.mode, and how the affected group was actually restarted.
     recovery_mode: str = "InPlace"
     restart_mode: str | None = None
+    # Seconds the affected group spent in each recovery step after the injection (from
+    # the records sampled every ~0.25 s while waiting; steps shorter than that may miss).
+    phases: dict[str, float] = field(default_factory=dict)
     incidents: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
@@ -313,6 +316,7 @@ class Drill:
             if self.traffic is not None:
                 self.traffic.stop()
                 self._figures()
+            self.result.phases = self._phases()
             try:
                 self.result.incidents = list(self.status().get("incidents") or [])
                 self.result.restarts = self._restarts()
@@ -355,6 +359,27 @@ class Drill:
                 }
             }
         return {}
+
+    def _phases(self) -> dict[str, float]:
+        """Time in each step of the affected group from the first step change after the
+        injection until it was Healthy again (summed when a step recurs)."""
+        if self.result.injected_at is None:
+            return {}
+        out: dict[str, float] = {}
+        last: tuple[float, str] | None = None
+        for at, steps in self.samples:
+            if at < self.result.injected_at:
+                continue
+            step = steps.get(AFFECTED, "Healthy")
+            if last is not None and step != last[1]:
+                if last[1] != "Healthy":
+                    out[last[1]] = round(out.get(last[1], 0.0) + at - last[0], 2)
+                last = (at, step)
+                if step == "Healthy":
+                    break
+            elif last is None:
+                last = (at, step)
+        return out
 
     def _restarts(self) -> dict[str, int]:
         out = {}
