@@ -120,6 +120,13 @@ def test_operator_owned_env_is_refused() -> None:
     assert f.field == "spec.decode.env[0].name"
 
 
+def test_the_restart_token_cannot_be_set_by_hand() -> None:
+    # A fixed token in the spec would let anyone who reads the PDDeployment restart pods.
+    obj = args_obj([], env=[{"name": "LOCKSTEP_AGENT_TOKEN", "value": "hunter2"}])
+    f = finding(run(obj), "operator-owned-env")
+    assert f.field == "spec.decode.env[0].name" and f.action == "rejected"
+
+
 def test_valid_args_pass_through_in_order() -> None:
     result = run(
         args_obj(["--mem-fraction-static", "0.8", "--trust-remote-code", "--page-size=64"])

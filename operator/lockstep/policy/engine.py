@@ -129,6 +129,7 @@ OWNED_ENV = (
     c.ENV_AGENT_PORT,
     c.ENV_GROUP_EPOCH,
     c.ENV_POD_NAME,
+    c.ENV_AGENT_TOKEN,
 )
 
 # NCCL flight recorder: keep a trace buffer and dump it when a collective times out, so
