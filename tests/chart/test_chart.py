@@ -555,7 +555,7 @@ def test_operator_pod_is_restricted_and_probed() -> None:
 # is one the operator was seen to use, as the chart's ServiceAccount, in the API server's
 # audit log of a drill (tests/e2e/test_least_privilege.py), one it holds to grant the
 # router's Role (pods get and watch), or one the API server checks on its behalf (update
-# of pddeployments/finalizers, tests/controlplane/test_least_privilege_webhook.py).
+# of pddeployments/finalizers, tests/controlplane/test_least_privilege_options.py).
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("lockstep.dev", "pddeployments"): {"get", "list", "watch", "patch"},
     ("lockstep.dev", "pddeployments/status"): {"patch"},
@@ -571,7 +571,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "events"): {"create"},
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
-PEERING = {"get", "list", "watch", "patch"}
+PEERING = {"list", "watch", "patch"}  # kopf peering never gets the object
 CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings"): PEERING}
 NAMESPACED_PEERING = {("kopf.dev", "kopfpeerings"): PEERING}
 # Only with self-signed certificates, and only on this release's configurations.

@@ -20,13 +20,14 @@ created; 0 replicas, the router process is not what this checks). A rule added l
 Value set: the chart's defaults with the webhook off. The drill's operator
 (`lockstep.dev.cluster.OperatorProcess`) runs every namespace (rbac.scope Cluster, the
 default), without webhook flags and without peering, which is what this value set
-renders (asserted below). The self-signed webhook's caBundle rule and the owner
-references under OwnerReferencesPermissionEnforcement are checked as the ServiceAccount
-in tests/controlplane/test_least_privilege_webhook.py. Not checked against an API server:
-the HA peering rules (kopfpeerings / clusterkopfpeerings, only the chart's rule table in
-tests/chart/test_chart.py) and a chart with watchNamespaces (the operator then runs with
---namespace, and kopf also lists and watches namespaces, which the chart does not grant;
-kopf falls back to the names given).
+renders (asserted below). The self-signed webhook's caBundle rule, the owner references
+under OwnerReferencesPermissionEnforcement and cluster-wide HA peering
+(clusterkopfpeerings) are checked as the ServiceAccount in
+tests/controlplane/test_least_privilege_options.py. Not checked against an API server: a
+chart with watchNamespaces (namespaced kopfpeerings only by the chart's rule table in
+tests/chart/test_chart.py; the operator then runs with --namespace, and kopf also lists
+and watches namespaces, which the chart does not grant: kopf logs the refusal and falls
+back to the names given).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ NO_REQUEST = {
     ("lockstep.dev", "pddeployments/finalizers", "update"): (
         "the OwnerReferencesPermissionEnforcement admission plugin checks it inside the API "
         "server when the operator sets blockOwnerDeletion; the local cluster of the drill "
-        "does not run that plugin, tests/controlplane/test_least_privilege_webhook.py does"
+        "does not run that plugin, tests/controlplane/test_least_privilege_options.py does"
     ),
 }
 RBAC_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")

@@ -57,10 +57,11 @@
   resources: ["events"]
   verbs: ["create"]
 {{- if and .Values.ha.enabled (include "lockstep.watchNamespaces" . | fromJsonArray) }}
-# HA: kopf peering per watched namespace (keep-alives are patches of the peering object).
+# HA: kopf peering per watched namespace (replicas list and watch the peering object and
+# patch their keep-alives into it; kopf never reads it with get).
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- end }}
 
@@ -71,10 +72,11 @@
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
 {{- if and .Values.ha.enabled (not (include "lockstep.watchNamespaces" . | fromJsonArray)) }}
-# HA, every namespace: kopf peering in one ClusterKopfPeering.
+# HA, every namespace: kopf peering in one ClusterKopfPeering (list, watch, keep-alive
+# patches; no get).
 - apiGroups: ["kopf.dev"]
   resources: ["clusterkopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 {{- end }}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
 # Self-signed webhook certificate: the operator patches its CA into the caBundle of this
