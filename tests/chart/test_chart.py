@@ -563,6 +563,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "pods/status"): {"get", "patch"},
     ("", "pods/log"): {"get"},
+    ("", "secrets"): {"get", "create"},
     ("", "services"): {"list", "create", "patch", "delete"},
     ("", "serviceaccounts"): {"create"},
     ("rbac.authorization.k8s.io", "roles"): {"create"},

@@ -32,6 +32,13 @@
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
+# The pod agents' restart token (in-place restarts): one Secret <name>-agent-token per
+# PDDeployment, created once with a random token (owned by it, garbage-collected with it)
+# and read back when the operator starts. RBAC cannot narrow get to those names (they
+# follow each PDDeployment's), so watchNamespaces is how to bound which Secrets this is.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
 # Each group's headless rendezvous Service (listed every round, its selector and port
 # patched as the epoch moves, deleted on scale-down) and the router's Service (created).
 - apiGroups: [""]
