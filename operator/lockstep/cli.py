@@ -152,6 +152,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    if args.namespace and not any(set(ns) & set("*?!,") for ns in args.namespace):
+        # Exact namespace names: nothing for kopf to discover, so it must not list and
+        # watch namespaces cluster-wide (namespaced RBAC does not grant that).
+        os.environ["LOCKSTEP_EXACT_NAMESPACES"] = "1"
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),

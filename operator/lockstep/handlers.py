@@ -53,6 +53,10 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.watching.server_timeout = 60
     settings.persistence.finalizer = f"{c.GROUP}/finalizer"
     settings.execution.max_workers = 8
+    if os.environ.get("LOCKSTEP_EXACT_NAMESPACES") == "1":
+        # Watching exact namespaces: no scan of namespaces (or CRDs) cluster-wide, which
+        # a namespaced Role does not allow; the CRD is installed with the chart.
+        settings.scanning.disabled = True
     metrics = Metrics()
     metrics_port = int(os.environ.get("LOCKSTEP_METRICS_PORT", "0"))
     if metrics_port:

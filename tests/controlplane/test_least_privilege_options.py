@@ -14,9 +14,11 @@ update on pddeployments/finalizers allows under the plugin; the router's Role).
 2. HA (every namespace): two replicas meet in the chart's ClusterKopfPeering; their
 peering requests are allowed and use every verb of the chart's clusterkopfpeerings rule.
 
-Not checked against an API server: a chart with watchNamespaces (KopfPeering per
-namespace; and kopf then also lists and watches namespaces, which the chart does not
-grant: kopf logs the refusal and falls back to the names it was given).
+3. watchNamespaces with namespaced RBAC (a Role per watched namespace): the operator,
+watching exact names, does not list or watch namespaces cluster-wide (kopf's scanning is
+off then; this test first showed that refusal), and needs nothing else.
+
+Not checked against an API server: HA with watchNamespaces (a KopfPeering per namespace).
 """
 
 from __future__ import annotations
@@ -271,3 +273,46 @@ def test_ha_replicas_need_no_more_than_the_chart_grants(tmp_path: Path) -> None:
     peering_rules = [p for p in granted if p.api_group == "kopf.dev"]
     assert {p.resource for p in peering_rules} == {"clusterkopfpeerings"}
     assert [str(p) for p in unused(peering_rules, events)] == []
+
+
+@pytest.mark.timeout(300)
+def test_namespaced_operator_needs_no_more_than_its_namespaces_roles(tmp_path: Path) -> None:
+    """watchNamespaces with namespaced RBAC: a Role per watched namespace and no cluster
+    read of namespaces; the operator must not need one (it watches exact names)."""
+    values = {
+        "rbac": {"scope": "Namespaced"},
+        "watchNamespaces": ["team-a"],
+        "webhook": {"enabled": False},
+    }
+    objs = render(values)
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args or "team-a" in args, args
+    ports = ("--liveness-port", "--metrics-port")
+    args = [a for a in args if a.split("=", 1)[0] not in ports] + [f"{p}=0" for p in ports]
+    pdd = load_example("pd-small")
+    pdd["metadata"]["namespace"] = "team-a"
+    with LocalControlPlane(
+        audit_log=True, crds=[REPO / "crds/pddeployments.lockstep.dev.yaml"]
+    ) as cp:
+        for ns in (RELEASE_NAMESPACE, "team-a"):
+            cp.kubectl("create", "namespace", ns)
+        apply(cp, [o for o in objs if o["kind"] in RBAC_KINDS], "chart-rbac")
+        core = k8s.CoreV1Api(cp.api_client())
+        custom = k8s.CustomObjectsApi(cp.api_client())
+        custom.create_namespaced_custom_object(GROUP, VERSION, "team-a", PLURAL, pdd)
+        proc = start_operator(cp.user_kubeconfig(USER, GROUPS), args, tmp_path / "operator.log")
+        try:
+            wait_for(lambda: len(core.list_namespaced_pod("team-a").items) >= 2, 60, "pods created")
+            time.sleep(3)
+        finally:
+            stop_operator(proc)
+            text = (tmp_path / "operator.log").read_text(errors="replace")
+            print(*text.splitlines()[-20:], sep="\n")
+        assert cp.audit_log is not None
+        events = by_user(parse_audit_log(cp.audit_log.read_text().splitlines()), USER)
+    too_tight = refused(events)
+    assert not too_tight, "refused (the chart's RBAC is too tight):\n" + "\n".join(
+        sorted({f"{e} {e.uri.split('?')[0]}" for e in too_tight})
+    )
+    assert not not_covered(events, granted_permissions(objs, USER))
