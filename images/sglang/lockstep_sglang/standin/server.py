@@ -63,6 +63,7 @@ logger = logging.getLogger("lockstep_sglang.standin.server")
 PROBE_ROUTE = "/lockstep/probe"
 REQUEST_LOG = "requests.jsonl"
 PROMPT_LOGGED = 120  # characters of a prompt kept in the request log
+LOG_MAX_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_NEW_TOKENS = 16
 MAX_NEW_TOKENS_LIMIT = 4096
 
@@ -135,8 +136,12 @@ class Frontend:
         """Append one line to the request log (never fails the request)."""
         line = json.dumps({"event": event, "at": round(self._clock(), 6), **fields})
         try:
-            with self._log_lock, open(self.request_log, "a") as log:
-                log.write(line + "\n")
+            with self._log_lock:
+                # Bounded for long-running local clusters: past the limit it moves to .1.
+                if self.request_log.exists() and self.request_log.stat().st_size > LOG_MAX_BYTES:
+                    self.request_log.replace(self.request_log.with_name(REQUEST_LOG + ".1"))
+                with open(self.request_log, "a") as log:
+                    log.write(line + "\n")
         except OSError as exc:
             logger.warning("request log: %s", exc)
 
