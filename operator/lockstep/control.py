@@ -75,6 +75,7 @@ from lockstep.recovery import (
     reconciler_may_create_pods,
     status_state,
 )
+from lockstep.router_workers import router_pod_selector, sync_router_workers
 from lockstep.verdicts import (
     AgentDataError,
     AgentReport,
@@ -508,6 +509,8 @@ class _Round:
             if action.value
             else "lockstep drained the group before restarting it"
         )
+        if not action.value:  # out of every router first: no request lands in between
+            self._sync_routers(action, admit=False)
         for pod in action.pods:
             try:
                 self.rt.kube.set_pod_condition(
@@ -515,6 +518,26 @@ class _Round:
                 )
             except Exception as err:  # a pod gone meanwhile: the planner re-checks
                 log.warning("gate %s on %s: %s", action.value, pod.name, err)
+        if action.value:
+            self._sync_routers(action, admit=True)
+
+    def _sync_routers(self, action: SetGate, *, admit: bool) -> None:
+        """sglang-router does not follow readiness (see router_workers): besides the gate,
+        remove the group's workers from every router replica, or add them back."""
+        if not self.pdd.spec.router.enabled:
+            return
+        names = {p.name for p in action.pods}
+        verb = "admit" if admit else "drain"
+        try:
+            pods = [p for p in self._pods() if p["metadata"]["name"] in names]
+            routers = self.rt.kube.list_pods(
+                self.namespace, router_pod_selector(self.pdd.metadata.name)
+            )
+        except Exception as err:
+            log.warning("router %s of %s: %s", verb, sorted(names), err)
+            return
+        for problem in sync_router_workers(self.rt.http, pods, routers, admit=admit):
+            log.warning("router %s of %s: %s", verb, sorted(names), problem)
 
     def _capture(self, action: CaptureEvidence) -> None:
         """Rank states, stacks and log tails of every pod, bounded, into the incident."""
