@@ -50,6 +50,15 @@ def add_parser(sub: Any) -> None:
     drill = dsub.add_parser("drill", help="run one incident drill on a fresh local cluster")
     drill.add_argument("--scenario", default="desync")
     drill.add_argument("--json", action="store_true", help="print the figures as JSON")
+    drill.add_argument(
+        "--mode",
+        choices=("InPlace", "Recreate"),
+        default="InPlace",
+        help="the drill deployment's recovery.mode (default InPlace)",
+    )
+    drill.add_argument(
+        "--router", action="store_true", help="run the real sglang-router; traffic through it"
+    )
     drill.add_argument("--keep", type=Path, help="keep the cluster's files in this directory")
     drill.set_defaults(func=cmd_drill)
 
@@ -189,12 +198,16 @@ def cmd_drill(args: argparse.Namespace) -> int:
         )
         return 2
     if args.json:
-        result = Drill(args.scenario, workdir=args.keep).run()
+        result = Drill(
+            args.scenario, workdir=args.keep, recovery_mode=args.mode, router=args.router
+        ).run()
         print(result.to_json())
         return 0 if result.passed else 1
     from lockstep.dev.view import run_with_live_view
 
-    return run_with_live_view(Drill(args.scenario, workdir=args.keep))
+    return run_with_live_view(
+        Drill(args.scenario, workdir=args.keep, recovery_mode=args.mode, router=args.router)
+    )
 
 
 def load_yaml(path: str) -> dict[str, Any]:

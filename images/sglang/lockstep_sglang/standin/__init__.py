@@ -30,7 +30,8 @@ Environment:
 | ``LOCKSTEP_GLOO_TIMEOUT_SECONDS`` | ``600`` | every gloo group's timeout (alias ``LOCKSTEP_GLOO_TIMEOUT_S``) |
 | ``SGLANG_ENABLE_RANK_CONSENSUS_CHECKER`` | on | decision consensus (``LOCKSTEP_CONSENSUS`` overrides) |
 | ``LOCKSTEP_CONSENSUS_PAUSE_S`` | ``0.05`` | pause between consensus comparisons |
-| ``LOCKSTEP_GROUP_EPOCH``, ``LOCKSTEP_POD_NAME`` | unset | echoed by ``/ranks``; the epoch also prefixes the store keys |
+| ``LOCKSTEP_GROUP_EPOCH``, ``LOCKSTEP_POD_NAME`` | unset | echoed by ``/ranks``; the epoch also prefixes the store keys (``state/epoch``, written by an in-place restart, overrides it and moves the rendezvous port) |
+| ``LOCKSTEP_AGENT_TOKEN`` | unset | the token ``POST /restart`` requires (unset: in-place restart disabled, 403) |
 | ``LOCKSTEP_PROBE_TIMEOUT_S`` / ``_MAX_TIMEOUT_S`` | ``5`` / ``60`` | ``/lockstep/probe`` timeouts |
 | ``LOCKSTEP_STANDIN_IDLE_S`` | ``0.25`` | longest idle wait of rank 0 per iteration (requests wake it at once) |
 | ``LOCKSTEP_STANDIN_STEP_S`` | ``0.002`` | extra time of one forward step |
@@ -39,14 +40,14 @@ Environment:
 
 Processes: the pod's main process (:mod:`.pod`) starts ``tp/nnodes`` rank processes
 (:mod:`.scheduler`, global ranks ``node_rank*tp/nnodes ...``), serves the pod agent
-(``GET /ranks``, ``POST /stacks``, ``GET /healthz``) on ``LOCKSTEP_POD_IP:LOCKSTEP_AGENT_PORT``
+(``GET /ranks``, ``POST /stacks``, ``POST /restart``, ``GET /healthz``) on ``LOCKSTEP_POD_IP:LOCKSTEP_AGENT_PORT``
 and, on node rank 0, the HTTP server (:mod:`.server`) on ``LOCKSTEP_POD_IP:--port``. When
 any local rank ends, the main process kills the others and exits non-zero at once; a
 rank whose peer vanished fails its next gloo operation (at once for a dead peer, at the
 gloo timeout for a stalled one) and so ends its pod too.
 
 Exit status of the pod: 0 after ``SIGTERM``/``SIGINT`` (ranks stopped, ``SIGKILL``
-after 3 s); 2 refused to start; otherwise that of the first rank to end — 1 for a
+after 3 s); 2 refused to start; 75 restarted in place by the agent (ranks ``SIGKILL``ed); otherwise that of the first rank to end — 1 for a
 consensus divergence or a failed collective (gloo timeout, vanished peer), ``128+N`` for
 a rank killed by signal ``N`` — never 0.
 
