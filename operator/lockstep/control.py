@@ -312,11 +312,17 @@ def _consensus_cause(bodies: Sequence[str], epoch: int) -> str | None:
     return None
 
 
-def agent_token(rt: Runtime, pdd: PDDeployment, namespace: str) -> str:
+def token_key(pdd: PDDeployment, namespace: str) -> tuple[str, str, str]:
+    return (namespace, pdd.metadata.name, pdd.metadata.uid or "")
+
+
+def agent_token(rt: Runtime, pdd: PDDeployment, namespace: str, *, fresh: bool = False) -> str:
     """The deployment's pod-agent restart token: read from its Secret, or made (a fresh
-    random token in a new Secret owned by the PDDeployment) when there is none."""
-    key = (namespace, pdd.metadata.name, pdd.metadata.uid or "")
-    token = rt.agent_tokens.get(key)
+    random token in a new Secret owned by the PDDeployment) when there is none. `fresh`:
+    read the Secret even if the token is cached (before pods are created: a deleted
+    Secret is made again, a replaced one is followed)."""
+    key = token_key(pdd, namespace)
+    token = None if fresh else rt.agent_tokens.get(key)
     if token is not None:
         return token
     name = agent_token_secret_name(pdd)
@@ -456,7 +462,8 @@ class _Round:
         """Relabel every pod with the new epoch, then ask every pod agent to restart into
         it at the same moment. What could not be asked is remembered for the planner."""
         key = (self.namespace, self.pdd.metadata.name, role, group, action.epoch)
-        failures = self.rt.restart_failures.setdefault(key, {})
+        # A fresh ask: what an earlier, replayed ask of this epoch met no longer counts.
+        failures = self.rt.restart_failures[key] = {}
         try:
             token = agent_token(self.rt, self.pdd, self.namespace)
         except Exception as err:
@@ -489,6 +496,9 @@ class _Round:
                 return uid, f"{type(err).__name__}: {err}"
             if resp.status_code in (200, 202):
                 return uid, None
+            if resp.status_code == 401:
+                # The Secret may have been replaced: read it again next time.
+                self.rt.agent_tokens.pop(token_key(self.pdd, self.namespace), None)
             return uid, f"HTTP {resp.status_code}: {resp.text[:200]}"
 
         if not asks:
@@ -715,7 +725,7 @@ def _run_round(
     _forget_restart_failures(rt, namespace, name, new_records)
     if rnd.create_groups:
         # Pods read their restart token from the Secret: it exists before they do.
-        agent_token(rt, pdd, namespace)
+        agent_token(rt, pdd, namespace, fresh=True)
     plan_obj = plan_reconcile(
         pdd, policy, pods, services, rnd.epochs, rnd.create_groups, rnd.avoid_nodes
     )

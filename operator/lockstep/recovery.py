@@ -1112,9 +1112,11 @@ class _Planner:
 
     def _on_waiting_gone(self, v: GroupVerdict | None) -> None:
         target = self.rec.epoch + 1
-        # Anything of another epoch must go before the new epoch rendezvouses; pods of
-        # the target epoch cannot exist yet, and are never deleted here if they do.
-        left = [p for p in self.pods() if p.epoch != target]
+        # Anything of another epoch must go before the new epoch rendezvouses, and so
+        # must the pods snapshotted for deletion even if a lost in-place round relabelled
+        # them with the target epoch; new pods of the target epoch are never deleted here.
+        doomed = {r.uid for r in self.rec.old_pods}
+        left = [p for p in self.pods() if p.epoch != target or p.uid in doomed]
         if not left:
             self.goto(Step.CREATING, epoch=target)
             return
