@@ -118,8 +118,9 @@ class Runtime:
     # Keys of deployments whose groups the book probes (forget them when deleted).
     known: set[tuple[str, str]] = field(default_factory=set)
     # Pods whose in-place restart could not be asked, per (ns, name, role, group, epoch):
-    # pod UID -> why. Memory only: a restarted operator that re-asks finds out again.
-    restart_failures: dict[tuple[str, str, str, int, int], dict[str, str]] = field(
+    # pod UID -> (why, the agent could not be reached at all). Memory only: a restarted
+    # operator replans from the record and finds out again.
+    restart_failures: dict[tuple[str, str, str, int, int], dict[str, tuple[str, bool]]] = field(
         default_factory=dict
     )
     # The agent-token of each deployment (by namespace, name, uid), read or made once.
@@ -462,13 +463,18 @@ class _Round:
         """Relabel every pod with the new epoch, then ask every pod agent to restart into
         it at the same moment. What could not be asked is remembered for the planner."""
         key = (self.namespace, self.pdd.metadata.name, role, group, action.epoch)
-        # A fresh ask: what an earlier, replayed ask of this epoch met no longer counts.
-        failures = self.rt.restart_failures[key] = {}
+        # A fresh ask of these pods: what an earlier ask of them met no longer counts.
+        failures = self.rt.restart_failures.setdefault(key, {})
+        for ref in action.pods:
+            failures.pop(ref.uid, None)
         try:
             token = agent_token(self.rt, self.pdd, self.namespace)
         except Exception as err:
             for ref in action.pods:
-                failures[ref.uid] = f"restart token unavailable: {type(err).__name__}: {err}"
+                failures[ref.uid] = (
+                    f"restart token unavailable: {type(err).__name__}: {err}",
+                    False,
+                )
             return
         ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in self._pods()}
         asks: list[tuple[str, str, str]] = []  # (uid, name, agent URL)
@@ -478,28 +484,28 @@ class _Round:
                     self.namespace, ref.name, ref.uid, {c.LABEL_EPOCH: str(action.epoch)}
                 )
             except Exception as err:
-                failures[ref.uid] = f"relabel refused: {_short(err)}"
+                failures[ref.uid] = (f"relabel refused: {_short(err)}", False)
                 continue
             ip = ips.get(ref.name)
             if not ip:
-                failures[ref.uid] = "the pod has no IP"
+                failures[ref.uid] = ("the pod has no IP", True)
                 continue
             asks.append((ref.uid, ref.name, f"http://{ip}:{c.PORT_AGENT}/restart"))
         body = {"epoch": str(action.epoch), "reason": action.reason}
         headers = {"Authorization": f"Bearer {token}"}
 
-        def ask(item: tuple[str, str, str]) -> tuple[str, str | None]:
+        def ask(item: tuple[str, str, str]) -> tuple[str, tuple[str, bool] | None]:
             uid, _, url = item
             try:
                 resp = self.rt.http.post(url, json=body, headers=headers, timeout=5.0)
-            except httpx.HTTPError as err:
-                return uid, f"{type(err).__name__}: {err}"
+            except httpx.HTTPError as err:  # no answer at all: the planner may ask again
+                return uid, (f"{type(err).__name__}: {err}", True)
             if resp.status_code in (200, 202):
                 return uid, None
             if resp.status_code == 401:
                 # The Secret may have been replaced: read it again next time.
                 self.rt.agent_tokens.pop(token_key(self.pdd, self.namespace), None)
-            return uid, f"HTTP {resp.status_code}: {resp.text[:200]}"
+            return uid, (f"HTTP {resp.status_code}: {resp.text[:200]}", False)
 
         if not asks:
             return
@@ -510,7 +516,7 @@ class _Round:
                     failures[uid] = error
         for uid, name, _ in asks:
             if uid in failures:
-                log.warning("in-place restart of %s refused: %s", name, failures[uid])
+                log.warning("in-place restart of %s not accepted: %s", name, failures[uid][0])
 
     def _set_gate(self, action: SetGate) -> None:
         reason = "GroupHealthy" if action.value else "GroupDrained"
@@ -698,15 +704,15 @@ def _run_round(
             if rollout:
                 request = f"spec-{_pod_hash(pdd, policy, role)}"
             rec = role_records.get(g)
+            failed = (
+                rt.restart_failures.get((namespace, name, role, g, rec.epoch), {}) if rec else {}
+            )
             inputs[g] = GroupInput(
                 pods=tuple(pod_view_from_k8s(p) for p in group_pods),
                 verdict=verdict,
                 manual_request=request,
-                restart_failures=(
-                    rt.restart_failures.get((namespace, name, role, g, rec.epoch), {})
-                    if rec is not None
-                    else {}
-                ),
+                restart_failures={uid: why for uid, (why, _) in failed.items()},
+                restart_unreachable=frozenset(uid for uid, (_, silent) in failed.items() if silent),
                 template_changed=rollout,
             )
         plan = plan_role(RoleSettings.from_spec(pdd.spec, role), role_records, inputs, now=now)

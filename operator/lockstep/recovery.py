@@ -86,6 +86,9 @@ DELETE_GRACE_SECONDS = 5
 FORCE_DELETE_AFTER_SECONDS = 120
 # How soon to look again while waiting for the API server to reflect an action.
 RECHECK_SECONDS = 2.0
+# An in-place restart asks an agent that does not answer (its container may be starting
+# again) once more each round; one still silent this long after the first ask escalates.
+SILENT_AGENT_SECONDS = 15.0
 # Restart times kept in the record (the budget window is what matters; this bounds the
 # annotation even for a large budget).
 MAX_RESTART_TIMES = 64
@@ -418,6 +421,8 @@ class GroupInput:
     verdict: GroupVerdict | None = None
     manual_request: str | None = None
     restart_failures: Mapping[str, str] = field(default_factory=dict)
+    # Of those, the pods whose agent could not be reached at all (no answer, not a "no").
+    restart_unreachable: frozenset[str] = frozenset()
     # The manual request rolls a changed pod template out: only new pods apply it.
     template_changed: bool = False
 
@@ -995,13 +1000,16 @@ class _Planner:
         self.update(mode="InPlace")
         # A pod relabelled by a lost round may have restarted already: count from the
         # epoch's baseline for it (a restart since then is taken as the one asked for).
+        # A container that is down (restarting after its ranks exited, as they do on a
+        # divergence) has no agent to ask yet: it is asked once it runs again.
+        running = [p for p in pods if p.container_running]
         asked = {
             p.uid: (
                 p.restart_count
                 if p.epoch == self.rec.epoch
                 else self.rec.restart_baseline.get(p.uid, p.restart_count)
             )
-            for p in pods
+            for p in running
         }
         reason = self.rec.incident.id if self.rec.incident else "restart"
         self._set_action(
@@ -1011,7 +1019,8 @@ class _Planner:
             Reason.RESTARTING_IN_PLACE,
             f"asking the agents of {len(pods)} pod(s) to restart into epoch {target}",
         )
-        self.actions.append(RestartInPlace(_refs(pods), target, reason))
+        if running:
+            self.actions.append(RestartInPlace(_refs(running), target, reason))
         self.goto(
             Step.RESTARTING_IN_PLACE,
             mode="InPlace",
@@ -1040,38 +1049,63 @@ class _Planner:
 
     def _on_restarting_in_place(self, v: GroupVerdict | None) -> None:
         by_uid = {p.uid: p for p in self.pods()}
-        asked = self.rec.old_pods
-        failed = {
-            r.name: self.inp.restart_failures[r.uid]
-            for r in asked
-            if r.uid in self.inp.restart_failures
-        }
-        gone = [r.name for r in asked if r.uid not in by_uid or by_uid[r.uid].deleting]
-        if failed:
-            self._escalate(
-                "the agent of "
-                + "; ".join(
-                    f"{name} did not accept the restart ({why})"
-                    for name, why in sorted(failed.items())
-                ),
-                set(failed),
-            )
-            return
+        old = self.rec.old_pods
+        asked = dict(self.rec.asked_counts)
+        failures = self.inp.restart_failures
+        gone = [r.name for r in old if r.uid not in by_uid or by_uid[r.uid].deleting]
         if gone:
             self._escalate(
                 f"pod(s) {', '.join(gone)} went away during the in-place restart", set(gone)
             )
             return
+        refused = {
+            r.name: failures[r.uid]
+            for r in old
+            if r.uid in asked and r.uid in failures and r.uid not in self.inp.restart_unreachable
+        }
+        silent = {
+            r.name: failures[r.uid]
+            for r in old
+            if r.uid in asked and r.uid in failures and r.uid in self.inp.restart_unreachable
+        }
+        if silent and self.now - self.rec.step_since >= SILENT_AGENT_SECONDS:
+            refused.update(silent)
+        if refused:
+            self._escalate(
+                "the agent of "
+                + "; ".join(
+                    f"{name} did not accept the restart ({why})"
+                    for name, why in sorted(refused.items())
+                ),
+                set(refused),
+            )
+            return
+        # An agent not answering yet (its container was just starting again) is asked
+        # again next round; one that stays silent escalates after SILENT_AGENT_SECONDS.
+        retry = {r.uid for r in old if r.name in silent}
+        ask = [
+            by_uid[r.uid]
+            for r in old
+            if r.uid not in asked and r.uid not in retry and by_uid[r.uid].container_running
+        ]
+        if ask:
+            reason = self.rec.incident.id if self.rec.incident else "restart"
+            self.actions.append(RestartInPlace(_refs(ask), self.rec.epoch, reason))
+            asked.update({p.uid: p.restart_count for p in ask})
+        if retry or ask:
+            self.update(asked_counts={u: n for u, n in asked.items() if u not in retry})
+        asked = dict(self.rec.asked_counts)
         waiting = [
             r.name
-            for r in asked
-            if by_uid[r.uid].restart_count <= self.rec.asked_counts.get(r.uid, 0)
+            for r in old
+            if r.uid not in asked
+            or by_uid[r.uid].restart_count <= asked[r.uid]
             or by_uid[r.uid].epoch != self.rec.epoch
             # The count moves when the old container ends; the new one may still wait.
             or not by_uid[r.uid].container_running
         ]
         if not waiting:
-            have = [by_uid[r.uid] for r in asked]
+            have = [by_uid[r.uid] for r in old]
             attempts = self.rec.incident.attempts if self.rec.incident else 0
             self.event(
                 Reason.RESTARTED,

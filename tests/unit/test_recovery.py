@@ -193,9 +193,11 @@ class Sim:
             elif isinstance(a, RestartInPlace):
                 for ref in a.pods:
                     pod = pods.get(ref.uid)
+                    failed = self.failures.setdefault((group, a.epoch), {})
+                    failed.pop(ref.uid, None)  # a fresh ask
                     if pod is None or pod.name in self.agents_down:
                         why = "connection refused" if pod else "pod not found"
-                        self.failures.setdefault((group, a.epoch), {})[ref.uid] = why
+                        failed[ref.uid] = why
                         continue
                     # The agent is idempotent per epoch: a repeat does nothing.
                     if pod.epoch != a.epoch:
@@ -231,6 +233,8 @@ class Sim:
                 ),
                 manual_request=manual.get(i),
                 restart_failures=self.failures.get((i, self.records[i].epoch), {}),
+                # The fake's agents either answer or are unreachable: never a "no".
+                restart_unreachable=frozenset(self.failures.get((i, self.records[i].epoch), {})),
             )
             for i in range(self.groups)
         }
@@ -544,6 +548,21 @@ IN_PLACE_TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]]
      GroupInput(restarted()), Step.WAITING_PROBE, ["EmitEvent"]),
     ("restarting in place: an agent refused", rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
      GroupInput(restarted(count=0), restart_failures={"e4-1": "401 Unauthorized"}),
+     Step.DELETING, ["UpdateIncident", "EmitEvent"]),
+    ("restarting in place: an agent not answering yet is asked again next round",
+     rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
+     GroupInput(restarted(count=0), restart_failures={"e4-1": "ConnectError"},
+                restart_unreachable=frozenset({"e4-1"})),
+     Step.RESTARTING_IN_PLACE, []),
+    ("restarting in place: ...and asked again",
+     rec(Step.RESTARTING_IN_PLACE, **{**IN_PLACE_REC, "asked_counts": {"e4-0": 0}}),
+     GroupInput(restarted(count=0), restart_failures={"e4-1": "ConnectError"},
+                restart_unreachable=frozenset({"e4-1"})),
+     Step.RESTARTING_IN_PLACE, ["RestartInPlace"]),
+    ("restarting in place: an agent silent too long escalates",
+     rec(Step.RESTARTING_IN_PLACE, **{**IN_PLACE_REC, "step_since": T0 - 20}),
+     GroupInput(restarted(count=0), restart_failures={"e4-1": "ConnectError"},
+                restart_unreachable=frozenset({"e4-1"})),
      Step.DELETING, ["UpdateIncident", "EmitEvent"]),
     ("restarting in place: a pod went away", rec(Step.RESTARTING_IN_PLACE, **IN_PLACE_REC),
      GroupInput(restarted()[:1]), Step.DELETING, ["UpdateIncident", "EmitEvent"]),
@@ -1271,3 +1290,27 @@ def test_a_template_rollout_recreates_even_in_in_place_mode() -> None:
     sim.now += 1
     run_to_healthy(sim, first="ok")
     assert len(sim.actions(RestartInPlace)) == 1
+
+
+def test_a_container_down_when_the_group_is_restarted_is_asked_once_it_runs_again() -> None:
+    """After a divergence the ranks exit and their containers restart on their own: an
+    agent that is not up yet is asked when its container runs again, not given up on."""
+    sim = in_place_sim()
+    sim.round({0: "desync!"})
+    down = next(u for u, p in sim.pods[0].items() if p.name == "m-decode-0-1")
+    sim.pods[0][down] = replace(sim.pods[0][down], container_running=False)
+    while sim.step() is not Step.RESTARTING_IN_PLACE:
+        sim.round()
+    (first,) = sim.actions(RestartInPlace)
+    assert isinstance(first, RestartInPlace) and [r.name for r in first.pods] == ["m-decode-0-0"]
+    for _ in range(3):
+        sim.round()
+    assert sim.step() is Step.RESTARTING_IN_PLACE  # waits for the down container
+    # The kubelet brings it back (its own restart, in the old epoch): now it is asked.
+    pod = sim.pods[0][down]
+    sim.pods[0][down] = replace(pod, container_running=True, restart_count=pod.restart_count + 1)
+    run_to_healthy(sim, first="ok")
+    asks = [a for a in sim.actions(RestartInPlace) if isinstance(a, RestartInPlace)]
+    assert [[r.name for r in a.pods] for a in asks] == [["m-decode-0-0"], ["m-decode-0-1"]]
+    assert sim.restarted.get(down) == 1 and sim.actions(DeletePods) == []
+    assert sim.records[0].mode == "InPlace" and sim.records[0].epoch == 1
