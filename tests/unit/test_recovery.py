@@ -653,16 +653,13 @@ def test_incident_evidence_is_bounded_by_max_evidence_bytes() -> None:
 # ------------------------------------------------------------ operator restart anywhere
 
 
-@pytest.mark.parametrize("lose", ["io", "record", "half"])
-def test_operator_restart_at_every_step_never_doubles_a_delete_or_a_create(lose: str) -> None:
-    """Every round, the operator dies once: before the I/O (it re-plans the same round),
-    after the I/O but before persisting the record, or after only the first action of
-    the round (both: it re-plans from the old record against the changed world)."""
-    sim = Sim(settle_deletes=False)
-    old_uids = {p.uid for p in sim.view(0)}
-    kinds = ["desync!"] + ["ok"] * 40
+def crash_every_round(sim: Sim, lose: str) -> set[Step]:
+    """Desync group 0, then let its probe pass, while every round the operator dies once:
+    before the I/O (it re-plans the same round), after the I/O but before persisting the
+    record, or after only the first action of the round (both: it re-plans from the old
+    record against the changed world). Returns the steps visited."""
     visited = set()
-    for kind in kinds:
+    for kind in ["desync!"] + ["ok"] * 40:
         before = sim.records[0]
         inputs = sim.inputs({0: kind})
         plan = plan_role(sim.cfg, sim.records, inputs, now=sim.now)
@@ -681,6 +678,14 @@ def test_operator_restart_at_every_step_never_doubles_a_delete_or_a_create(lose:
         sim.now += 1
         if sim.step() is Step.HEALTHY and sim.records[0].epoch == 1:
             break
+    return visited
+
+
+@pytest.mark.parametrize("lose", ["io", "record", "half"])
+def test_operator_restart_at_every_step_never_doubles_a_delete_or_a_create(lose: str) -> None:
+    sim = Sim(settle_deletes=False)
+    old_uids = {p.uid for p in sim.view(0)}
+    visited = crash_every_round(sim, lose)
     assert visited >= {
         Step.DRAINING,
         Step.CAPTURING_EVIDENCE,
@@ -1241,22 +1246,7 @@ def test_operator_restart_during_an_in_place_restart_never_restarts_a_pod_twice(
 ) -> None:
     sim = in_place_sim(settle_deletes=False)
     uids = {p.uid for p in sim.view(0)}
-    for kind in ["desync!"] + ["ok"] * 40:
-        before = sim.records[0]
-        inputs = sim.inputs({0: kind})
-        plan = plan_role(sim.cfg, sim.records, inputs, now=sim.now)
-        if lose == "io":
-            assert plan_role(sim.cfg, sim.records, inputs, now=sim.now) == plan
-        else:
-            done = plan.groups[0].actions
-            sim.apply(0, done if lose == "record" else done[:1])
-            plan = plan_role(sim.cfg, {0: before}, sim.inputs({0: kind}), now=sim.now)
-        sim.apply(0, plan.groups[0].actions)
-        sim.records[0] = plan.groups[0].record
-        sim.settle()
-        sim.now += 1
-        if sim.step() is Step.HEALTHY and sim.records[0].epoch == 1:
-            break
+    assert Step.RESTARTING_IN_PLACE in crash_every_round(sim, lose)
     assert sim.step() is Step.HEALTHY and sim.records[0].epoch == 1
     assert sim.restarted == {u: 1 for u in uids}  # each container restarted exactly once
     assert {p.uid for p in sim.view(0)} == uids
