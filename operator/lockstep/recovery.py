@@ -1105,19 +1105,7 @@ class _Planner:
             or not by_uid[r.uid].container_running
         ]
         if not waiting:
-            have = [by_uid[r.uid] for r in old]
-            attempts = self.rec.incident.attempts if self.rec.incident else 0
-            self.event(
-                Reason.RESTARTED,
-                f"restarted in place as epoch {self.rec.epoch} (InPlace, attempt {attempts})",
-            )
-            self.goto(
-                Step.WAITING_PROBE,
-                epoch_started_at=self.now,
-                failures=0,
-                restart_baseline=_baseline(have, self.rec.epoch),
-            )
-            self.requeue = None
+            self._restarted([by_uid[r.uid] for r in old], "restarted in place")
             return
         timeout = self.s.recovery.in_place.restart_timeout_seconds
         if self.now - self.rec.step_since >= timeout:
@@ -1128,6 +1116,21 @@ class _Planner:
             )
             return
         self.again_in(min(RECHECK_SECONDS, self.rec.step_since + timeout - self.now))
+
+    def _restarted(self, pods: Sequence[PodView], what: str) -> None:
+        """Every pod of the new epoch is there: wait for its deep probe."""
+        attempts = self.rec.incident.attempts if self.rec.incident else 0
+        self.event(
+            Reason.RESTARTED,
+            f"{what} as epoch {self.rec.epoch} ({self.rec.mode}, attempt {attempts})",
+        )
+        self.goto(
+            Step.WAITING_PROBE,
+            epoch_started_at=self.now,
+            failures=0,
+            restart_baseline=_baseline(pods, self.rec.epoch),
+        )
+        self.requeue = None
 
     def _escalate(self, why: str, culprits: set[str]) -> None:
         """An in-place restart that cannot finish: recreate the group instead (the same
@@ -1174,18 +1177,7 @@ class _Planner:
     def _on_creating(self, v: GroupVerdict | None) -> None:
         have = [p for p in self.current_pods() if not p.deleting]
         if len(have) >= self.s.pods_per_group:
-            attempts = self.rec.incident.attempts if self.rec.incident else 0
-            self.event(
-                Reason.RESTARTED,
-                f"restarted as epoch {self.rec.epoch} ({self.rec.mode}, attempt {attempts})",
-            )
-            self.goto(
-                Step.WAITING_PROBE,
-                epoch_started_at=self.now,
-                failures=0,
-                restart_baseline=_baseline(have, self.rec.epoch),
-            )
-            self.requeue = None
+            self._restarted(have, "restarted")
             return
         self.actions.append(CreateEpoch(self.rec.epoch, self.rec.avoid_nodes))
         self.again_in(RECHECK_SECONDS)
