@@ -230,7 +230,14 @@ def observe_group(
         ranks = tuple(r for a in agents if a.ranks for r in a.ranks)
         if fresh.ok:
             rt.previous_ranks.pop(key, None)
-        elif ranks:
+        elif ranks and (
+            verdict.verdict is Verdict.SLOW
+            or not {r.identity for r in previous} & {r.identity for r in ranks}
+        ):
+            # Progress is judged against the first failed sample (of these processes)
+            # since the group last progressed, not the one just before: a step longer
+            # than the probe period shows no progress between two close samples, but
+            # does across the failure streak.
             rt.previous_ranks[key] = ranks
         return verdict
     # No new probe: the pods alone can still show a dead rank (deleted, evicted,
