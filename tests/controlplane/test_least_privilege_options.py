@@ -40,6 +40,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from lockstep.localcluster.audit import (
+    AuditEvent,
     by_user,
     granted_permissions,
     not_covered,
@@ -125,6 +126,14 @@ def apply(cp: LocalControlPlane, objs: list[dict[str, Any]], name: str) -> None:
     cp.kubectl("apply", "--server-side", "-f", str(manifest))
 
 
+def assert_nothing_refused(events: list[AuditEvent]) -> None:
+    """No request of the operator's was refused (else the chart's RBAC is too tight)."""
+    too_tight = refused(events)
+    assert not too_tight, "refused (the chart's RBAC is too tight):\n" + "\n".join(
+        sorted({f"{e} {e.uri.split('?')[0]}" for e in too_tight})
+    )
+
+
 def _create(custom: k8s.CustomObjectsApi, namespace: str, pdd: dict[str, Any]) -> bool:
     """Create the PDDeployment; False while the webhook server is not answering yet."""
     try:
@@ -203,10 +212,7 @@ def test_self_signed_webhook_operator_needs_no_more_than_the_chart_grants(
         events = by_user(parse_audit_log(cp.audit_log.read_text().splitlines()), USER)
 
     granted = granted_permissions(objs, USER)
-    too_tight = refused(events)
-    assert not too_tight, "refused (the chart's RBAC is too tight):\n" + "\n".join(
-        sorted({f"{e} {e.uri.split('?')[0]}" for e in too_tight})
-    )
+    assert_nothing_refused(events)
     elsewhere = not_covered(events, granted)
     assert not elsewhere, "allowed by something the chart does not grant:\n" + "\n".join(
         map(str, elsewhere)
@@ -265,10 +271,7 @@ def test_ha_replicas_need_no_more_than_the_chart_grants(tmp_path: Path) -> None:
         events = by_user(parse_audit_log(cp.audit_log.read_text().splitlines()), USER)
 
     granted = granted_permissions(objs, USER)
-    too_tight = refused(events)
-    assert not too_tight, "refused (the chart's RBAC is too tight):\n" + "\n".join(
-        sorted({f"{e} {e.uri.split('?')[0]}" for e in too_tight})
-    )
+    assert_nothing_refused(events)
     assert not not_covered(events, granted)
     peering_rules = [p for p in granted if p.api_group == "kopf.dev"]
     assert {p.resource for p in peering_rules} == {"clusterkopfpeerings"}
@@ -311,8 +314,5 @@ def test_namespaced_operator_needs_no_more_than_its_namespaces_roles(tmp_path: P
             print(*text.splitlines()[-20:], sep="\n")
         assert cp.audit_log is not None
         events = by_user(parse_audit_log(cp.audit_log.read_text().splitlines()), USER)
-    too_tight = refused(events)
-    assert not too_tight, "refused (the chart's RBAC is too tight):\n" + "\n".join(
-        sorted({f"{e} {e.uri.split('?')[0]}" for e in too_tight})
-    )
+    assert_nothing_refused(events)
     assert not not_covered(events, granted_permissions(objs, USER))
