@@ -28,8 +28,8 @@ import httpx
 import pytest
 from dist_support import wait_until
 
+from lockstep_sglang.faults import FaultWatcher, parse_fault
 from lockstep_sglang.rank_state import read_rank_states
-from lockstep_sglang.standin.faults import FaultWatcher, parse_fault
 from lockstep_sglang.standin.protocol import expected_text
 from lockstep_sglang.standin.settings import parse_server_args
 

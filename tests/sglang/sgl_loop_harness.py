@@ -34,6 +34,7 @@ with warnings.catch_warnings():
     from sglang.srt.disaggregation.decode import SchedulerDisaggregationDecodeMixin
     from sglang.srt.managers.schedule_batch import NextBatchPlan
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.runtime_context import get_parallel
     from sglang.srt.utils import common as sglang_common
     from sglang.srt.utils import rank_consensus_checker as rcc
 
@@ -56,17 +57,25 @@ class FakeBatch:
 
 
 class StandInScheduler:
-    """The attributes and methods ``event_loop_overlap_disagg_decode`` touches."""
+    """The attributes and methods ``event_loop_overlap_disagg_decode`` touches.
+
+    Every attribute it sets, except its own ``harness_*`` bookkeeping, is one the real
+    ``Scheduler`` has (tests/sglang checks them against the real class); the parallel
+    layout is published in SGLang's own ``get_parallel()``, where a real scheduler
+    process finds it.
+    """
 
     def __init__(self, rank: int, world: int, args: argparse.Namespace) -> None:
-        self.args = args
-        self.tp_rank = rank
+        self.harness_args = args
         self.tp_size = world
         ranks = list(range(world))
         self.tp_group = SimpleNamespace(
             cpu_group=dist.new_group(ranks, backend="gloo", group_desc="tp:cpu"),
             device_group=dist.new_group(ranks, backend="gloo", group_desc="tp:device"),
+            ranks=ranks,
         )
+        get_parallel().override_permanently(tp_rank=rank, tp_size=world, tp_group=self.tp_group)
+        self.harness_rank = rank
         self._engine_paused = False
         self.disagg_decode_prealloc_queue = SimpleNamespace(
             prefetch_prefill_dp_rank_queries=lambda: None
@@ -76,37 +85,44 @@ class StandInScheduler:
         )
         self.chunked_req = None
         self.running_batch = FakeBatch([])
-        self.steps_left: dict[str, int] = {}
-        self.decisions = 0
-        self.ingested = 0
+        self.harness_steps_left: dict[str, int] = {}
+        self.harness_decisions = 0
+        self.harness_ingested = 0
 
     @property
     def gracefully_exit(self) -> bool:
-        return self.args.iterations > 0 and self.ingested >= self.args.iterations
+        return (
+            self.harness_args.iterations > 0
+            and self.harness_ingested >= self.harness_args.iterations
+        )
 
     # Same call as Scheduler.init_rank_consensus_checker for a plain TP group.
     def init_rank_consensus_checker(self) -> None:
         rcc.configure([self.tp_group])
 
     def ingest_requests(self) -> list[Any]:
-        self.ingested += 1
-        payload: list[Any] | None = [] if self.tp_rank == 0 else None
+        self.harness_ingested += 1
+        payload: list[Any] | None = [] if self.harness_rank == 0 else None
         # Through the module attribute, as SGLang's receiver resolves it.
-        return sglang_common.broadcast_pyobj(payload, self.tp_rank, self.tp_group.cpu_group, src=0)
+        return sglang_common.broadcast_pyobj(
+            payload, self.harness_rank, self.tp_group.cpu_group, src=0
+        )
 
     def process_decode_queue(self) -> None:
         # Transfers complete identically on every rank.
-        if self.ingested % 4 == 1:
-            rid = f"req-{self.ingested}"
-            self.steps_left[rid] = 6
+        if self.harness_ingested % 4 == 1:
+            rid = f"req-{self.harness_ingested}"
+            self.harness_steps_left[rid] = 6
 
     def get_next_disagg_decode_batch_to_run(self, running_batch: FakeBatch) -> NextBatchPlan:
-        self.decisions += 1
-        diverging = self.args.diverge_at and self.decisions == self.args.diverge_at
-        if diverging and self.tp_rank == self.tp_size - 1:
-            self.steps_left.clear()  # this rank alone saw the aborts
-            (Path(self.args.workdir) / "diverged").write_text(str(time.time()))
-        batch = FakeBatch(sorted(self.steps_left)) if self.steps_left else None
+        self.harness_decisions += 1
+        diverging = (
+            self.harness_args.diverge_at and self.harness_decisions == self.harness_args.diverge_at
+        )
+        if diverging and self.harness_rank == self.tp_size - 1:
+            self.harness_steps_left.clear()  # this rank alone saw the aborts
+            (Path(self.harness_args.workdir) / "diverged").write_text(str(time.time()))
+        batch = FakeBatch(sorted(self.harness_steps_left)) if self.harness_steps_left else None
         return NextBatchPlan(batch_to_run=batch, running_batch=batch or FakeBatch([]))
 
     def is_disable_overlap_for_batch(self, batch: Any, last_batch: Any) -> bool:
@@ -121,10 +137,10 @@ class StandInScheduler:
 
     def process_batch_result(self, batch: FakeBatch, result: str) -> None:
         for rid in [r.rid for r in batch.reqs]:
-            if rid in self.steps_left:
-                self.steps_left[rid] -= 1
-                if self.steps_left[rid] <= 0:
-                    del self.steps_left[rid]
+            if rid in self.harness_steps_left:
+                self.harness_steps_left[rid] -= 1
+                if self.harness_steps_left[rid] <= 0:
+                    del self.harness_steps_left[rid]
 
     def on_idle(self) -> None:
         time.sleep(0.001)

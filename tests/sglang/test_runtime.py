@@ -217,13 +217,13 @@ def test_probe_route_runs_a_collective_through_the_real_dispatchers(
         "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
     )
     try:
-        scheduler = SimpleNamespace(
-            tp_rank=0,
-            tp_group=_group_coordinator(),
-            _request_dispatcher=TypeBasedDispatcher([]),
-        )
-        # The scheduler side of the hooks: runtime, then the probe handler.
-        hooks.start_runtime(scheduler, config)
+        from sglang.srt.runtime_context import get_parallel
+
+        scheduler = SimpleNamespace(_request_dispatcher=TypeBasedDispatcher([]))
+        # The scheduler side of the hooks: runtime, then the probe handler. The layout
+        # comes from SGLang's own parallel context, as in a real scheduler process.
+        with get_parallel().override(tp_rank=0, tp_size=1, tp_group=_group_coordinator()):
+            hooks.start_runtime(scheduler, config)
         hooks._dispatcher_hook(lambda self: None)(scheduler)
 
         answer_probes = True
@@ -429,11 +429,16 @@ def test_settings_accept_what_the_operator_renders() -> None:
         )
 
 
-def test_launcher_refuses_server_modes_the_probe_cannot_reach() -> None:
-    from lockstep_sglang.launcher import unsupported_mode
+def test_engine_refuses_server_modes_the_probe_cannot_reach(sglang_hooks: ModuleType) -> None:
+    from sglang.srt.server_args import prepare_server_args
 
-    plain = SimpleNamespace(tokenizer_worker_num=1)
-    assert unsupported_mode(plain, {}) is None
-    assert "grpc" in (unsupported_mode(SimpleNamespace(smg_grpc_mode=True), {}) or "")
-    assert "tokenizer" in (unsupported_mode(SimpleNamespace(tokenizer_worker_num=4), {}) or "")
-    assert "RUST" in (unsupported_mode(plain, {"SGLANG_RUST_SERVER": "1"}) or "")
+    from lockstep_sglang.engine import unsupported_mode
+
+    def args(*flags: str) -> Any:  # the real ServerArgs, as the engine parses them
+        return prepare_server_args(["--model-path", "unused", "--device", "cpu", *flags])
+
+    assert unsupported_mode(args(), {}) is None
+    assert "grpc" in (unsupported_mode(args("--grpc-mode"), {}) or "")
+    assert "tokenizer" in (unsupported_mode(args("--tokenizer-worker-num", "4"), {}) or "")
+    assert "--pp-size" in (unsupported_mode(args("--pp-size", "2"), {}) or "")
+    assert "RUST" in (unsupported_mode(args(), {"SGLANG_RUST_SERVER": "1"}) or "")

@@ -17,6 +17,9 @@ from a dead rank, and to capture evidence before it restarts the group:
   in-place restart it is the old epoch, whose failure is not the new epoch's.
   ``previous`` holds the ranks of the last incarnation of this container (archived by
   the launcher at start), so a crash's evidence survives the restart it caused.
+  ``engine_exit`` (``previous_engine_exit``): how the SGLang server process of this
+  (the last) incarnation ended, written by the launcher (schema
+  :class:`lockstep_sglang.rank_state.EngineExitJSON`); None while it runs.
 - ``POST /stacks`` (optional JSON body ``{"timeout_s": float, "native": bool}``):
   ``py-spy dump`` of every live local rank, run concurrently, each bounded by
   ``timeout_s`` (default 10, at most 30); one dump at a time (429 while busy)::
@@ -84,7 +87,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -98,8 +101,10 @@ from lockstep_sglang import config as runtime_config
 from lockstep_sglang.rank_state import (
     PREVIOUS_SUBDIR,
     SCHEMA,
+    EngineExitJSON,
     RankStateJSON,
     previous_epoch,
+    read_engine_exit,
     read_rank_states,
     state_dir_from_env,
 )
@@ -136,6 +141,8 @@ class RanksResponse(TypedDict):
     ranks: list[RankStateJSON]
     previous: list[RankStateJSON]
     previous_epoch: str | None
+    engine_exit: EngineExitJSON | None
+    previous_engine_exit: EngineExitJSON | None
 
 
 class StackJSON(TypedDict):
@@ -265,6 +272,8 @@ class PodAgent:
             "ranks": read_rank_states(self.state_dir),
             "previous": read_rank_states(self.state_dir / PREVIOUS_SUBDIR),
             "previous_epoch": previous_epoch(self.state_dir),
+            "engine_exit": read_engine_exit(self.state_dir),
+            "previous_engine_exit": read_engine_exit(self.state_dir / PREVIOUS_SUBDIR),
         }
 
     def stacks(
@@ -514,16 +523,18 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def kill_pod_processes(main_pid: int, rank_pids: Sequence[int], *, spare: int) -> list[int]:
+def kill_pod_processes(
+    main_pid: int, rank_pids: Sequence[int], *, spare: Collection[int]
+) -> list[int]:
     """``SIGKILL`` every descendant of ``main_pid`` and every pid of ``rank_pids``.
 
     They are stopped (``SIGSTOP``) first, walking the tree again until it holds no new
     process, so none can fork a survivor between the walk and the kill. ``spare`` (the
-    caller) and ``main_pid`` are left alone. Returns the pids killed.
+    caller, the agent) and ``main_pid`` are left alone. Returns the pids killed.
     """
     stopped: set[int] = set()
     for _ in range(5):
-        fresh = (descendants(main_pid) | set(rank_pids)) - stopped - {spare, main_pid}
+        fresh = (descendants(main_pid) | set(rank_pids)) - stopped - {*spare, main_pid}
         if not fresh:
             break
         for pid in fresh:
@@ -544,7 +555,7 @@ def process_restart(main_pid: int, state_dir: Path) -> RestartAction:
     def restart(order: RestartOrder) -> None:
         try:
             ranks = [s["pid"] for s in read_rank_states(state_dir) if s["alive"]]
-            killed = kill_pod_processes(main_pid, ranks, spare=os.getpid())
+            killed = kill_pod_processes(main_pid, ranks, spare=[os.getpid()])
             logger.warning(
                 "restart into epoch %s: killed %s; ending main process %d",
                 order.epoch, killed, main_pid,

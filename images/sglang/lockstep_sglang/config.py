@@ -14,6 +14,7 @@ pod agent) inherits the same settings without extra plumbing.
 | ``LOCKSTEP_AGENT_HOST`` / ``_PORT`` | ``0.0.0.0`` / ``8790`` | pod agent address |
 | ``LOCKSTEP_PROBE_TIMEOUT_S`` | ``5`` | ``/lockstep/probe`` default timeout |
 | ``LOCKSTEP_PROBE_MAX_TIMEOUT_S`` | ``60`` | largest ``?timeout=`` accepted |
+| ``LOCKSTEP_EXIT_HOLD_S`` | ``30`` | after the server ends on its own, how long the pod agent keeps serving its evidence before the container exits |
 | ``LOCKSTEP_GROUP_EPOCH`` | unset | the group epoch the operator created the pod in (decimal) |
 | ``LOCKSTEP_AGENT_TOKEN`` | unset | bearer token of the agent's ``POST /restart`` (unset: restart disabled) |
 | ``LOCKSTEP_POD_NAME`` | unset | echoed by the agent's ``/ranks`` |
@@ -45,6 +46,8 @@ SGLANG_CONSENSUS_ENV = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
 AGENT_ENV = "LOCKSTEP_AGENT"
 PROBE_TIMEOUT_ENV = "LOCKSTEP_PROBE_TIMEOUT_S"
 PROBE_MAX_TIMEOUT_ENV = "LOCKSTEP_PROBE_MAX_TIMEOUT_S"
+EXIT_HOLD_ENV = "LOCKSTEP_EXIT_HOLD_S"
+DEFAULT_EXIT_HOLD_S = 30.0
 EPOCH_ENV = "LOCKSTEP_GROUP_EPOCH"
 EPOCH_FILE = "epoch"
 # Must equal the operator's DIST_PORT_BASE / DIST_PORT_SPAN (lockstep.constants); a unit
@@ -89,6 +92,7 @@ class RuntimeConfig:
     agent_port: int
     probe_timeout_s: float
     probe_max_timeout_s: float
+    exit_hold_s: float = DEFAULT_EXIT_HOLD_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
@@ -107,6 +111,7 @@ class RuntimeConfig:
             agent_port=int(env.get(agent.PORT_ENV) or agent.DEFAULT_PORT),
             probe_timeout_s=_seconds(env, PROBE_TIMEOUT_ENV, probe.DEFAULT_TIMEOUT_S),
             probe_max_timeout_s=_seconds(env, PROBE_MAX_TIMEOUT_ENV, probe.MAX_TIMEOUT_S),
+            exit_hold_s=_seconds(env, EXIT_HOLD_ENV, DEFAULT_EXIT_HOLD_S, zero_ok=True),
         )
 
 

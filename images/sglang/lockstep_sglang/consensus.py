@@ -56,6 +56,9 @@ DIVERGENCE_EXIT_CODE = 1  # what SGLang's own checker uses; the container restar
 # Evidence bounds: the log line and the failure file stay readable.
 RECENT_EVENTS = 8
 MAX_GATHERED_EVENTS = 2048
+# SGLang's own events carry whole request reprs (``match_prefix called params=...``,
+# several KB): evidence keeps the head of each, the comparison the whole text.
+MAX_EVENT_CHARS = 300
 
 _EMPTY_RIDS = hashlib.blake2b(b"", digest_size=8).hexdigest()
 
@@ -207,15 +210,27 @@ def find_first_divergence(per_rank: Mapping[int, Sequence[str]]) -> DivergenceJS
             r: (events[index] if index < len(events) else None) for r, events in per_rank.items()
         }
         if len(set(seen.values())) > 1:
-            return {"index": index, "events": {str(r): e for r, e in sorted(seen.items())}}
+            return {
+                "index": index,
+                "events": {
+                    str(r): None if e is None else clip_event(e) for r, e in sorted(seen.items())
+                },
+            }
     return None
+
+
+def clip_event(event: str) -> str:
+    """An event's text as evidence shows it: at most :data:`MAX_EVENT_CHARS`."""
+    if len(event) <= MAX_EVENT_CHARS:
+        return event
+    return f"{event[: MAX_EVENT_CHARS - 24]}... ({len(event)} chars)"
 
 
 def _recent(per_rank: Mapping[int, Sequence[str]], index: int | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for r, events in sorted(per_rank.items()):
         end = len(events) if index is None else min(len(events), index + 2)
-        out[str(r)] = list(events[max(0, end - RECENT_EVENTS) : end])
+        out[str(r)] = [clip_event(e) for e in events[max(0, end - RECENT_EVENTS) : end]]
     return out
 
 

@@ -20,7 +20,16 @@ Scheduler side (every TP rank):
 - probe: :class:`LockstepProbeReq` is dispatched to a handler running
   :func:`lockstep_sglang.probe.run_collective_probe` on the TP CPU and device groups;
   the rank that pulls requests drops expired probes before broadcasting them;
-- gloo groups get a bounded timeout (:mod:`lockstep_sglang.gloo_timeout`).
+- gloo groups get a bounded timeout (:mod:`lockstep_sglang.gloo_timeout`);
+- test-only faults (:mod:`lockstep_sglang.faults`), read only when
+  ``LOCKSTEP_TEST_FAULT_FILE`` is set: ``desync`` makes the named rank drop the requests
+  its peers run, so it idles on their batch (a real divergence in the real loop);
+  ``hang`` stops it at the top of its loop inside a traced request broadcast; ``slow``
+  stretches its ``run_batch``.
+
+Everything read from SGLang objects is listed in :data:`SGLANG_READS` and checked against
+the real classes by tests/sglang; the parallel layout comes from SGLang's own
+``runtime_context.get_parallel()``, as its ``Scheduler`` reads it.
 
 The main process's side (the probe route, the tokenizer manager's reply routing) is
 :mod:`lockstep_sglang.server_hooks`, kept apart so that scheduler processes, which
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,8 +67,9 @@ from lockstep_sglang.collectives import (
     patch_everywhere,
     trace_torch_distributed,
 )
-from lockstep_sglang.config import RuntimeConfig
+from lockstep_sglang.config import EPOCH_ENV, RuntimeConfig
 from lockstep_sglang.consensus import DecisionRecorder, compare_and_fail
+from lockstep_sglang.faults import FAULT_FILE_ENV, Fault, FaultWatcher, watcher_from_env
 from lockstep_sglang.probe import (
     ProbeGroup,
     drop_expired,
@@ -105,6 +116,30 @@ def _probe_deadline(req: object) -> float | None:
 
 
 # -- scheduler side --------------------------------------------------------------------
+# What the hooks read of SGLang's objects, by owner (tests/sglang checks every name
+# against the real classes: a renamed attribute fails a test, not a server start).
+SGLANG_READS: dict[str, tuple[str, ...]] = {
+    "sglang.srt.runtime_context:ParallelContext": ("tp_rank", "tp_size", "tp_group"),
+    "sglang.srt.distributed.parallel_state:GroupCoordinator": (
+        "cpu_group",
+        "device_group",
+        "device",
+        "ranks",
+    ),
+    "sglang.srt.managers.scheduler:Scheduler": (
+        "_request_dispatcher",
+        "disagg_prefill_inflight_queue",
+    ),
+    "sglang.srt.managers.schedule_batch:NextBatchPlan": ("batch_to_run", "running_batch"),
+    "sglang.srt.managers.schedule_batch:ScheduleBatch": ("reqs", "forward_mode"),
+    "sglang.srt.managers.schedule_batch:Req": ("rid",),
+    "sglang.srt.disaggregation.decode:DecodePreallocQueue": ("queue",),
+    "sglang.srt.disaggregation.decode:DecodeTransferQueue": ("queue",),
+    "sglang.srt.disaggregation.prefill:PrefillBootstrapQueue": ("queue",),
+    "sglang.srt.disaggregation.decode:DecodeRequest": ("req",),
+}
+
+
 @dataclass
 class SchedulerRuntime:
     """The lockstep pieces of one scheduler process."""
@@ -114,6 +149,18 @@ class SchedulerRuntime:
     recorder: DecisionRecorder
     probe_groups: list[ProbeGroup]
     tp_rank: int
+    rank: int = 0
+    group_ranks: tuple[int, ...] = (0,)
+    request_group_name: str = "tp:cpu"  # how the rank state names the TP CPU group
+    faults: FaultWatcher | None = None
+    epoch: str | None = None
+
+    def fault(self) -> Fault | None:
+        """The test-only fault aimed at this rank now (None: none, or the switch is off)."""
+        if self.faults is None:
+            return None
+        fault = self.faults.current()
+        return fault if fault.targets(self.rank, self.group_ranks, self.epoch) else None
 
 
 _config: RuntimeConfig | None = None
@@ -154,9 +201,47 @@ def _iteration_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = _runtime
         if rt is not None:
             rt.state.begin_iteration()
+            fault = rt.fault()
+            if fault is not None and fault.kind == "hang":
+                _hang(rt)
         return original(self, *args, **kwargs)
 
     return hooked
+
+
+_GENERATE_TYPES = (io_struct.TokenizedGenerateReqInput, io_struct.BatchTokenizedGenerateReqInput)
+
+
+def _fault_recv_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``desync`` test fault (installed only with the switch on): the named rank
+    drops the generate requests every rank received in the same broadcast, as if it
+    alone had aborted them, so it idles while its peers run their batch."""
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reqs = original(self, *args, **kwargs)
+        rt = _runtime
+        fault = None if rt is None or not reqs else rt.fault()
+        if rt is not None and fault is not None and fault.kind == "desync":
+            kept = [r for r in reqs if not isinstance(r, _GENERATE_TYPES)]
+            if len(kept) != len(reqs):
+                logger.warning(
+                    "lockstep test fault: rank %d drops %d request(s) its peers run",
+                    rt.rank,
+                    len(reqs) - len(kept),
+                )
+                return kept
+        return reqs
+
+    return hooked
+
+
+def _hang(rt: SchedulerRuntime) -> None:
+    """The ``hang`` test fault: wedge inside the request broadcast the peers wait in."""
+    bound = (_config.gloo_timeout.total_seconds() if _config else 600.0) + 1.0
+    logger.warning("lockstep test fault: rank %d hangs in the request broadcast", rt.rank)
+    with rt.tracer.region("broadcast_pyobj", rt.request_group_name):
+        time.sleep(bound)
+    raise TimeoutError("lockstep test fault: hung rank released after the gloo bound")
 
 
 def _region_hook(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -166,6 +251,9 @@ def _region_hook(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             if rt is None:
                 return original(self, *args, **kwargs)
             with rt.tracer.region(op, "tp:device"):
+                fault = rt.fault() if op == "run_batch" else None
+                if fault is not None and fault.kind == "slow":
+                    time.sleep(fault.step_seconds)
                 return original(self, *args, **kwargs)
 
         return hooked
@@ -287,9 +375,22 @@ def install_queue_hooks() -> None:
     )
 
 
+@dataclass
+class _ConsensusStats:
+    checks: int = 0
+    events: int = 0
+    decisions: int = 0
+    published_at: float = 0.0
+
+
+_stats = _ConsensusStats()
+_STATS_EVERY_S = 1.0
+
+
 def _check_for_consensus(events: list[str]) -> None:
     """Stands in for ``rank_consensus_checker._check_for_consensus``: same comparison,
-    plus cross-rank evidence in the log and the rank state before the exit."""
+    plus cross-rank evidence in the log and the rank state before the exit, and the
+    statistics that show the guard is live (``consensus`` in the rank state)."""
     rt = _runtime
     cfg = _config
     compare_and_fail(
@@ -298,6 +399,23 @@ def _check_for_consensus(events: list[str]) -> None:
         state=None if rt is None else rt.state,
         pause_s=0.0 if cfg is None else cfg.consensus_pause_s,
     )
+    _stats.checks += 1
+    _stats.events += len(events)
+    _stats.decisions += sum(1 for e in events if e.startswith("lockstep "))
+    now = time.time()
+    if rt is not None and now - _stats.published_at >= _STATS_EVERY_S:
+        _stats.published_at = now
+        try:
+            rt.state.record_consensus(
+                {
+                    "checks": _stats.checks,
+                    "events_checked": _stats.events,
+                    "decisions_checked": _stats.decisions,
+                    "updated_at": now,
+                }
+            )
+        except OSError as exc:  # a diagnostic never ends the checker
+            logger.warning("lockstep: cannot publish consensus statistics: %s", exc)
 
 
 def install_scheduler_hooks(config: RuntimeConfig) -> None:
@@ -309,6 +427,8 @@ def install_scheduler_hooks(config: RuntimeConfig) -> None:
     install_loop_hooks(scheduler_mod.Scheduler)
     install_queue_hooks()
     _wrap(SchedulerRequestReceiver, "_pull_raw_reqs", _pull_hook)
+    if os.environ.get(FAULT_FILE_ENV, "").strip():
+        _wrap(SchedulerRequestReceiver, "recv_requests", _fault_recv_hook)
     rcc._check_for_consensus = _check_for_consensus
 
 
@@ -330,16 +450,45 @@ def _consensus_sink() -> Callable[[str], None]:
     return record
 
 
-def start_runtime(scheduler: Any, config: RuntimeConfig | None = None) -> SchedulerRuntime:
+@dataclass(frozen=True)
+class ParallelLayout:
+    """What the runtime needs of a scheduler's parallel layout, read as SGLang reads it.
+
+    SGLang 0.5.23 keeps ranks, sizes and groups in ``runtime_context.get_parallel()``
+    (its ``Scheduler`` has no ``tp_rank`` attribute); ``tp_group`` is a
+    ``GroupCoordinator`` (``cpu_group``, ``device_group``, ``device``, ``ranks``).
+    """
+
+    tp_rank: int
+    tp_size: int
+    tp_group: Any
+
+
+def parallel_layout() -> ParallelLayout:
+    """This scheduler process's layout, from SGLang's published parallel context."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    return ParallelLayout(
+        tp_rank=int(parallel.tp_rank), tp_size=int(parallel.tp_size), tp_group=parallel.tp_group
+    )
+
+
+def start_runtime(
+    scheduler: Any, config: RuntimeConfig | None = None, layout: ParallelLayout | None = None
+) -> SchedulerRuntime:
     """Create this rank's state, tracer and recorder (the scheduler thread must call it).
 
-    Reads ``scheduler.tp_rank`` and ``scheduler.tp_group`` (``cpu_group``,
-    ``device_group``).
+    ``layout`` defaults to :func:`parallel_layout` (SGLang's parallel context, published
+    before ``Scheduler.__init__`` configures the consensus checker); nothing is read
+    from ``scheduler`` itself.
     """
     global _runtime
+    del scheduler  # the layout is process-wide in SGLang 0.5.23, not the scheduler's
     cfg = config or _config or RuntimeConfig.from_env()
+    layout = layout or parallel_layout()
     rank = dist.get_rank() if dist.is_initialized() else 0
-    tp_rank = int(scheduler.tp_rank)
+    tp_rank = layout.tp_rank
     state = RankStateWriter.create(cfg.state_dir, rank=rank, tp_rank=tp_rank)
     tracer = CollectiveTracer(state, thread=threading.current_thread())
     trace_torch_distributed(tracer, _TRACED_MODULES)
@@ -349,13 +498,7 @@ def start_runtime(scheduler: Any, config: RuntimeConfig | None = None) -> Schedu
             # Opaque: the state shows the SGLang call, not its inner broadcasts.
             patch_everywhere(original, tracer.wrap(original, name, opaque=True), _TRACED_MODULES)
     sink = _consensus_sink() if rcc.enabled() else None
-    pp_size = int(getattr(scheduler, "pp_size", 1) or 1)
-    if sink is not None and pp_size > 1:
-        # SGLang's checker compares across the PP group too, and pipeline stages make
-        # their per-micro-batch decisions at different times: only TP is covered.
-        logger.warning("lockstep: decision consensus is off with --pp-size %d", pp_size)
-        sink = None
-    tp_group = scheduler.tp_group
+    tp_group = layout.tp_group
     probe_groups = [ProbeGroup("tp:cpu", tp_group.cpu_group)]
     if tp_group.device_group is not None and tp_group.device_group is not tp_group.cpu_group:
         probe_groups.append(ProbeGroup("tp:device", tp_group.device_group, _device_of(tp_group)))
@@ -365,11 +508,17 @@ def start_runtime(scheduler: Any, config: RuntimeConfig | None = None) -> Schedu
         recorder=DecisionRecorder(sink, state),
         probe_groups=probe_groups,
         tp_rank=tp_rank,
+        rank=rank,
+        group_ranks=tuple(int(r) for r in tp_group.ranks),
+        request_group_name=tracer.group_name(tp_group.cpu_group).decode(),
+        faults=watcher_from_env(),
+        epoch=os.environ.get(EPOCH_ENV, "").strip() or None,
     )
     logger.info(
-        "lockstep: rank %d (tp %d) publishes to %s; consensus %s",
+        "lockstep: rank %d (tp %d of %d) publishes to %s; consensus %s",
         rank,
         tp_rank,
+        layout.tp_size,
         state.path,
         "on" if sink else "off",
     )

@@ -40,6 +40,12 @@ JSON schema (``SCHEMA`` = ``"lockstep.dev/rank-state/v1"``), one object per rank
         "seq": int,              # 1-based count of collectives this rank entered on group
         "since": float           # unix seconds when it entered
       },
+      "consensus": null | {      # the decision consensus of this rank is live:
+        "checks": int,           # comparisons across ranks that passed
+        "events_checked": int,   # events compared (SGLang's own and lockstep's)
+        "decisions_checked": int,  # of those, lockstep's decision/queue events
+        "updated_at": float      # written by the checker's thread, at most once a second
+      },
       "consensus_failure": null | {   # see consensus.DivergenceReport.to_json
         "detected_at": float, "rank": int, "events_checked": int, "local_hash": str,
         "first_divergence": null | {"index": int, "events": {"<rank>": str | null}},
@@ -119,6 +125,15 @@ class ConsensusFailureJSON(TypedDict):
     recent_events: dict[str, list[str]]
 
 
+class ConsensusStatsJSON(TypedDict):
+    """What the decision consensus of one rank has compared so far."""
+
+    checks: int
+    events_checked: int
+    decisions_checked: int
+    updated_at: float
+
+
 class RankStateJSON(TypedDict):
     """One rank's published state (see the module docstring)."""
 
@@ -131,6 +146,7 @@ class RankStateJSON(TypedDict):
     iteration: int
     last_decision: DecisionJSON | None
     collective: CollectiveJSON | None
+    consensus: ConsensusStatsJSON | None
     consensus_failure: ConsensusFailureJSON | None
     error: NotRequired[str]
 
@@ -198,6 +214,11 @@ def state_path(state_dir: Path, rank: int) -> Path:
 def failure_path(state_dir: Path, rank: int) -> Path:
     """Path of the consensus-failure evidence of a global rank."""
     return state_dir / f"rank-{rank}.failure.json"
+
+
+def consensus_path(state_dir: Path, rank: int) -> Path:
+    """Path of the consensus statistics of a global rank."""
+    return state_dir / f"rank-{rank}.consensus.json"
 
 
 def _fit(value: str, size: int) -> bytes:
@@ -333,6 +354,13 @@ class RankStateWriter:
         os.replace(tmp, target)
         return target
 
+    def record_consensus(self, stats: ConsensusStatsJSON) -> None:
+        """Publish the consensus statistics (the checker's thread; atomic rename)."""
+        target = consensus_path(self.path.parent, self.rank)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(stats))
+        os.replace(tmp, target)
+
     def close(self) -> None:
         """Release the mapping (the file stays for the agent to read)."""
         del self._state
@@ -388,6 +416,15 @@ def read_failure(state_dir: Path, rank: int) -> ConsensusFailureJSON | None:
     return data
 
 
+def read_consensus(state_dir: Path, rank: int) -> ConsensusStatsJSON | None:
+    """The consensus statistics of ``rank``, if its checker published any."""
+    try:
+        data: ConsensusStatsJSON = json.loads(consensus_path(state_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
 def read_rank_state(path: Path) -> RankStateJSON:
     """Read one ``rank-<rank>.state`` file into its JSON form (see module docstring)."""
     with open(path, "rb") as f:
@@ -427,6 +464,7 @@ def read_rank_state(path: Path) -> RankStateJSON:
         "iteration": int(snap.iteration),
         "last_decision": decision,
         "collective": collective,
+        "consensus": read_consensus(path.parent, int(snap.rank)),
         "consensus_failure": read_failure(path.parent, int(snap.rank)),
     }
     if not consistent:
@@ -487,3 +525,33 @@ def archive_previous(state_dir: Path) -> None:
         old.unlink(missing_ok=True)
     for path in files:
         os.replace(path, previous / path.name)
+
+
+ENGINE_EXIT_FILE = "rank-engine-exit.json"  # rank-*: archived with its incarnation
+
+
+class EngineExitJSON(TypedDict):
+    """How the engine (the SGLang server process) of an incarnation ended."""
+
+    pid: int
+    exit_code: int | None  # None when a signal ended it
+    signal: str | None  # e.g. "SIGKILL" (SGLang's own kill_process_tree)
+    ended_at: float
+    hold_s: float  # how long the launcher kept the pod agent serving afterwards
+
+
+def write_engine_exit(state_dir: Path, record: EngineExitJSON) -> None:
+    """Atomically write ``rank-engine-exit.json`` (the launcher, once the engine ended)."""
+    path = state_dir / ENGINE_EXIT_FILE
+    tmp = path.with_name(f".{ENGINE_EXIT_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def read_engine_exit(state_dir: Path) -> EngineExitJSON | None:
+    """The engine's exit record in ``state_dir``; None while it runs (or no record)."""
+    try:
+        data: EngineExitJSON = json.loads((state_dir / ENGINE_EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data

@@ -58,7 +58,7 @@ Files in ``LOCKSTEP_POD_DIR``:
 - ``ranks.json``: ``{"pod", "epoch", "pid", "node_rank", "ranks": [{"rank", "pid"}]}``,
   for tooling that kills (``SIGKILL``) or stalls (``SIGSTOP``) a rank;
 - ``requests.jsonl``: the request log (see HTTP below);
-- ``fault.json`` (written by tooling, see :mod:`.faults`):
+- ``fault.json`` (written by tooling, see :mod:`lockstep_sglang.faults`):
   ``{"kind": "none"|"desync"|"hang"|"slow", "ranks": [..] | null, "step_seconds": s,
   "epoch": e | null}``. ``desync``: the named rank decides the opposite of its peers
   (idle while they batch, a phantom batch while they idle) → the consensus ends every

@@ -46,9 +46,9 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from lockstep_sglang import gloo_timeout
 from lockstep_sglang.consensus import create_dedicated_groups
+from lockstep_sglang.faults import FAULT_FILE, FaultWatcher
 from lockstep_sglang.probe import ProbeRequest, drop_expired
 from lockstep_sglang.standalone import StandaloneRank, broadcast_pyobj
-from lockstep_sglang.standin.faults import FAULT_FILE, FaultWatcher
 from lockstep_sglang.standin.protocol import (
     AbortRequest,
     GenerateRequest,

@@ -1,4 +1,11 @@
-"""Faults on command: ``$LOCKSTEP_POD_DIR/fault.json``, read by every rank once per iteration.
+"""Test-only faults on command: a ``fault.json`` every rank reads once per iteration.
+
+Two engines read it: the CPU stand-in (always, ``$LOCKSTEP_POD_DIR/fault.json``) and the
+real SGLang runtime, where it is a **test-only switch, off unless**
+``LOCKSTEP_TEST_FAULT_FILE`` names the file (:func:`watcher_from_env`). The operator
+refuses to render that variable (policy rule ``operator-owned-env``); only the local
+cluster's process kubelet and the test tiers set it, to force a real divergence or hang
+into the real scheduler loop (:mod:`lockstep_sglang.hooks`).
 
 Format (every field optional)::
 
@@ -12,9 +19,10 @@ the pod's highest global rank (every rank deciding differently would be no diver
 ``epoch`` lets an injector aim at one incarnation of a group: after the operator restarts
 the group in a new epoch, the fault no longer applies even if the file stays.
 
-A rank stats the file once per iteration (one syscall) and parses it only when its
-mtime, size or inode changed; an unreadable or malformed file counts as no fault and is
-logged once, so a half-written file never crashes a rank.
+A rank stats the file at most once per ``min_interval_s`` (one syscall; SGLang's idle
+loop spins far faster than the stand-in's) and parses it only when its mtime, size or
+inode changed; an unreadable or malformed file counts as no fault and is logged once,
+so a half-written file never crashes a rank.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -30,6 +39,7 @@ from typing import Literal, cast
 logger = logging.getLogger(__name__)
 
 FAULT_FILE = "fault.json"
+FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"
 FaultKind = Literal["none", "desync", "hang", "slow"]
 KINDS: tuple[FaultKind, ...] = ("none", "desync", "hang", "slow")
 
@@ -89,14 +99,21 @@ def parse_fault(data: object) -> Fault:
 class FaultWatcher:
     """The current fault of one rank, re-read only when the file changes."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, min_interval_s: float = 0.0) -> None:
         self.path = path
+        self.min_interval_s = min_interval_s
         self._key: tuple[int, int, int] | None = None
         self._fault = NO_FAULT
         self._warned: tuple[int, int, int] | None = None
+        self._next_check = 0.0
 
     def current(self) -> Fault:
         """The fault in force now (one ``stat`` when the file did not change)."""
+        if self.min_interval_s > 0:
+            now = time.monotonic()
+            if now < self._next_check:
+                return self._fault
+            self._next_check = now + self.min_interval_s
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -120,3 +137,21 @@ class FaultWatcher:
             logger.warning("fault now in force: %s", fault)
         self._key, self._fault = key, fault
         return fault
+
+
+def watcher_from_env(
+    environ: Mapping[str, str] | None = None, *, min_interval_s: float = 0.05
+) -> FaultWatcher | None:
+    """The real runtime's fault switch: a watcher when ``LOCKSTEP_TEST_FAULT_FILE`` is
+    set, else None (the production path: no fault is ever read)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(FAULT_FILE_ENV, "").strip()
+    if not raw:
+        return None
+    logger.warning(
+        "lockstep: TEST FAULT SWITCH ON (%s=%s): faults written there are injected into "
+        "this rank; never set it in production",
+        FAULT_FILE_ENV,
+        raw,
+    )
+    return FaultWatcher(Path(raw), min_interval_s=min_interval_s)
