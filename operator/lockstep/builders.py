@@ -102,6 +102,10 @@ def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Obj:
     return meta
 
 
+# The deep probe with a timeout under the readiness probe's own (3 s).
+LEADER_READINESS_PATH = "/lockstep/probe?timeout=2"
+
+
 def _dist_init_addr(pdd: PDDeployment, role: str, group: int, epoch: int) -> str:
     host = f"{pod_name(pdd, role, group, 0)}.{group_name(pdd, role, group)}"
     if pdd.metadata.namespace:
@@ -228,8 +232,10 @@ def _group_pods(
             _dist_init_addr(pdd, role_name, group, epoch),
         ]
         leader = rank == 0
-        # Only rank 0 serves HTTP; the other ranks' readiness is their pod agent.
-        probe_path, probe_port = ("/health", "http") if leader else ("/ranks", "agent")
+        # Only rank 0 serves HTTP, and its readiness is the deep probe: SGLang answers
+        # /model_info while it still warms up, and /health runs a generation each time.
+        # The other ranks' readiness is their pod agent.
+        probe_path, probe_port = (LEADER_READINESS_PATH, "http") if leader else ("/ranks", "agent")
         container: Obj = {
             "name": "sglang",
             "image": pdd.spec.image,

@@ -54,4 +54,6 @@ ENV_GROUP_EPOCH = "LOCKSTEP_GROUP_EPOCH"
 ENV_POD_NAME = "LOCKSTEP_POD_NAME"
 # The pod agent's `POST /restart` token, from the deployment's agent-token Secret.
 ENV_AGENT_TOKEN = "LOCKSTEP_AGENT_TOKEN"
+# The runtime's test-only fault switch (lockstep_sglang.faults): never rendered.
+ENV_TEST_FAULT_FILE = "LOCKSTEP_TEST_FAULT_FILE"
 AGENT_TOKEN_KEY = "token"

@@ -75,6 +75,15 @@ def test_pod_carries_labels_gate_resources_and_owner() -> None:
     assert meta["ownerReferences"][0]["controller"] is True
     # Rank 1 serves no HTTP: its readiness is its pod agent.
     assert container["readinessProbe"]["httpGet"]["port"] == "agent"
+    # Rank 0's readiness is the deep probe (every rank's collective), bounded below the
+    # probe's own timeout, not SGLang's /health (a generation that passes during warm-up).
+    leader = build_group_pods(pdd, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[0]
+    leader = leader["spec"]["containers"][0]
+    assert leader["readinessProbe"]["httpGet"] == {
+        "path": "/lockstep/probe?timeout=2",
+        "port": "http",
+    }
+    assert leader["readinessProbe"]["timeoutSeconds"] == 3
     assert c.ANNOTATION_SPEC_HASH in meta["annotations"]
 
 

@@ -127,6 +127,18 @@ def test_the_restart_token_cannot_be_set_by_hand() -> None:
     assert f.field == "spec.decode.env[0].name" and f.action == "rejected"
 
 
+@pytest.mark.parametrize("mode", ["Enforce", "Reject", "Warn"])
+def test_the_runtimes_test_fault_switch_is_never_rendered(mode: str) -> None:
+    # It injects desyncs and hangs into the real scheduler loop on purpose.
+    obj = args_obj([], env=[{"name": "LOCKSTEP_TEST_FAULT_FILE", "value": "/tmp/fault.json"}])
+    obj = with_path(obj, "spec.safety.mode", mode)
+    result = run(obj)
+    f = finding(result, "operator-owned-env")
+    assert f.field == "spec.decode.env[0].name" and f.action == "rejected"
+    assert "test-only fault switch" in f.message
+    assert not result.accepted
+
+
 def test_valid_args_pass_through_in_order() -> None:
     result = run(
         args_obj(["--mem-fraction-static", "0.8", "--trust-remote-code", "--page-size=64"])

@@ -20,6 +20,12 @@ from typing import Any
 
 import yaml
 
+# lockstep.localcluster.engines.ENGINES (not imported here: `lockstep --help` stays fast).
+ENGINE_CHOICES = ("standin", "sglang")
+ENGINE_HELP = (
+    "what SGLang pods run: the fast CPU stand-in (default), or the real SGLang 0.5.23 "
+    "server on CPU with a tiny generated model (sglang; the router is then always on)"
+)
 DEFAULT_DIR = Path(os.environ.get("LOCKSTEP_CACHE", Path.home() / ".cache" / "lockstep")) / "dev"
 
 
@@ -29,6 +35,7 @@ def add_parser(sub: Any) -> None:
     up = dsub.add_parser("up", help="start the local cluster in the background")
     up.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     up.add_argument("-f", "--file", help="a PDDeployment to apply once it is up")
+    up.add_argument("--engine", choices=ENGINE_CHOICES, default="standin", help=ENGINE_HELP)
     up.set_defaults(func=cmd_up)
     status = dsub.add_parser("status", help="groups, pods and incidents of the local cluster")
     status.add_argument("--dir", type=Path, default=DEFAULT_DIR)
@@ -59,6 +66,7 @@ def add_parser(sub: Any) -> None:
     drill.add_argument(
         "--router", action="store_true", help="run the real sglang-router; traffic through it"
     )
+    drill.add_argument("--engine", choices=ENGINE_CHOICES, default="standin", help=ENGINE_HELP)
     drill.add_argument("--keep", type=Path, help="keep the cluster's files in this directory")
     drill.set_defaults(func=cmd_drill)
 
@@ -90,6 +98,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "lockstep.dev.supervisor", "--dir", str(directory)]
     if args.file:
         cmd += ["--file", str(Path(args.file).resolve())]
+    cmd += ["--engine", args.engine]
     with (directory / "supervisor.log").open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 900  # a first run builds the control plane
@@ -197,17 +206,24 @@ def cmd_drill(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        drill = Drill(
+            args.scenario,
+            workdir=args.keep,
+            recovery_mode=args.mode,
+            router=args.router,
+            engine=args.engine,
+        )
+    except ValueError as exc:
+        print(f"lockstep dev drill: {exc}", file=sys.stderr)
+        return 2
     if args.json:
-        result = Drill(
-            args.scenario, workdir=args.keep, recovery_mode=args.mode, router=args.router
-        ).run()
+        result = drill.run()
         print(result.to_json())
         return 0 if result.passed else 1
     from lockstep.dev.view import run_with_live_view
 
-    return run_with_live_view(
-        Drill(args.scenario, workdir=args.keep, recovery_mode=args.mode, router=args.router)
-    )
+    return run_with_live_view(drill)
 
 
 def load_yaml(path: str) -> dict[str, Any]:

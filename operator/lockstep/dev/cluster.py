@@ -24,7 +24,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from lockstep import constants as c
+from lockstep.localcluster import sglang_cpu
 from lockstep.localcluster.controlplane import LocalControlPlane, repo_root
+from lockstep.localcluster.engines import EngineName, engine
 from lockstep.localcluster.kubelet import NodeShape, ProcessKubelet
 
 
@@ -109,16 +111,20 @@ class DevCluster:
         gpus_per_node: int = 8,
         audit_log: bool = False,
         before_operator: Callable[[LocalControlPlane], Path | None] | None = None,
+        engine: EngineName = "standin",
     ) -> None:
         """`before_operator` runs once the control plane and kubelet are up and may
         return a kubeconfig for the operator to use instead of the admin one (e.g. the
         chart's ServiceAccount bound to the chart's RBAC, for the least-privilege drill);
-        `audit_log` turns the API server's audit log on."""
+        `audit_log` turns the API server's audit log on; `engine` is what SGLang pods run
+        (`standin`, or `sglang`: the real server on CPU, see
+        :mod:`lockstep.localcluster.engines`)."""
         self.workdir = workdir
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.audit_log = audit_log
         self.before_operator = before_operator
+        self.engine = engine
         self._stack = ExitStack()
         self.cp: LocalControlPlane | None = None
         self.kubelet: ProcessKubelet | None = None
@@ -128,6 +134,8 @@ class DevCluster:
 
     def start(self) -> Self:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.engine == "sglang":
+            sglang_cpu.ensure_model()  # once per machine; the pods load it
         try:
             self.cp = self._stack.enter_context(
                 LocalControlPlane(
@@ -142,6 +150,7 @@ class DevCluster:
                     nodes=self.nodes,
                     shape=NodeShape(gpus=self.gpus_per_node),
                     root_dir=self.workdir / "kubelet",
+                    engine=engine(self.engine),
                 )
             )
             kubeconfig = self.before_operator(self.cp) if self.before_operator else None
@@ -177,6 +186,7 @@ class DevCluster:
             "kubeconfig": str(self.cp.kubeconfig),
             "server": self.cp.server,
             "kubelet_root": str(self.workdir / "kubelet"),
+            "engine": self.engine,
             "operator_log": str(self.workdir / "operator.log"),
         }
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2))

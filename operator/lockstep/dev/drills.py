@@ -9,6 +9,11 @@ injection and from the first failed probe), time to recover, requests sent and f
 group (and for the affected group before and after its drain), restarts per group, and
 the incidents. `passed` is True only when the scenario's expected outcome happened.
 
+With `engine="sglang"` every SGLang pod runs the real launcher and the real SGLang
+0.5.23 server on CPU (the tiny model; PD over mooncake TCP) instead of the stand-in, and
+the router is always on: a real PD decode server serves only with the prefill bootstrap
+the router adds. Only the scenarios of `REAL_SGLANG_SCENARIOS` run on it.
+
 With `router=True` the deployment's real sglang-router runs too (as the operator renders
 it) and every request goes through it; the figures then also say, from the stand-ins'
 request logs, how many requests the router sent to the affected group while it was
@@ -44,7 +49,9 @@ from lockstep.dev.traffic import (
     request_log_arrivals,
     router_endpoint,
 )
+from lockstep.localcluster import sglang_cpu
 from lockstep.localcluster.controlplane import repo_root
+from lockstep.localcluster.engines import ENGINES, EngineName
 from lockstep.router_workers import serving_workers
 
 SCENARIOS = (
@@ -59,6 +66,8 @@ SCENARIOS = (
     "agent-down",
     "baseline",
 )
+# What runs on the real SGLang engine (the stand-in runs every scenario).
+REAL_SGLANG_SCENARIOS = ("desync", "hang", "rank-kill", "pod-delete", "operator-crash")
 RecoveryMode = Literal["InPlace", "Recreate"]
 NAMESPACE = "lockstep-drill"
 NAME = "drill"
@@ -103,6 +112,8 @@ class DrillResult:
     scenario: str
     passed: bool = False
     reason: str = ""
+    engine: str = "standin"
+    time_to_ready_s: float | None = None  # apply -> every group healthy (and routed)
     verdict: str | None = None
     injected_at: float | None = None
     time_to_detect_s: float | None = None  # injection -> verdict
@@ -150,24 +161,41 @@ class Drill:
         cluster_options: Mapping[str, Any] | None = None,
         router: bool = False,
         recovery_mode: RecoveryMode = "InPlace",
+        engine: EngineName = "standin",
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
         audit log for the least-privilege drill); `router` puts the real sglang-router in
         front and sends the traffic through it; `recovery_mode` is the deployment's
         `recovery.mode` (the drills judge restarts by it: the same pods restarted in place,
-        or new pods)."""
+        or new pods); `engine` is what the SGLang pods run (see the module docstring)."""
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+        if engine == "sglang" and scenario not in REAL_SGLANG_SCENARIOS:
+            raise ValueError(
+                f"scenario {scenario!r} runs on the stand-in only; on the real SGLang engine: "
+                f"{', '.join(REAL_SGLANG_SCENARIOS)}"
+            )
+        self.engine = engine
+        real = engine == "sglang"
+        # A real server loads the model and warms up; three of them share two cores here.
+        self.ready_timeout_s = 600.0 if real else 240.0
+        if real:
+            router = True  # a real PD decode server needs the router's prefill bootstrap
+            timeout_s = max(timeout_s, 420.0)
         self.scenario = scenario
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"lockstep-drill-{scenario}-"))
         self.observer = observer
         self.timeout_s = timeout_s
-        self.cluster = DevCluster(self.workdir, **dict(cluster_options or {}))
+        self.cluster = DevCluster(self.workdir, engine=engine, **dict(cluster_options or {}))
         self.traffic: Traffic | None = None
         self.router = router
         self.recovery_mode = recovery_mode
-        self.result = DrillResult(scenario, router=router, recovery_mode=recovery_mode)
+        self.result = DrillResult(
+            scenario, router=router, recovery_mode=recovery_mode, engine=engine
+        )
         self.drained_at: float | None = None
         self.readmitted_at: float | None = None
         self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
@@ -292,16 +320,26 @@ class Drill:
             self.cluster.start()
             self.note("local cluster up: control plane, process kubelet, operator")
             self.cluster.apply(drill_spec(**self.spec_overrides()))
-            self.note("applied the drill PDDeployment; waiting for every group to be healthy")
-            self.wait(self.all_healthy, 240, "every group healthy")
+            applied = time.time()
+            self.note(
+                "applied the drill PDDeployment; waiting for every group to be healthy"
+                + (
+                    " (real SGLang servers on CPU: model load and warm-up)"
+                    if self.engine == "sglang"
+                    else ""
+                )
+            )
+            self.wait(self.all_healthy, self.ready_timeout_s, "every group healthy")
             if self.router:
                 self.wait(self.router_routes_everywhere, 120, "the router routing to every group")
+                self.result.time_to_ready_s = round(time.time() - applied, 1)
                 self.note("every group healthy and in the router; traffic through the router")
                 self.traffic = Traffic(
                     lambda: router_endpoint(self.cluster.pods(NAMESPACE, self.selector)),
                     concurrency=2,
                 ).start()
             else:
+                self.result.time_to_ready_s = round(time.time() - applied, 1)
                 self.note("every group healthy; traffic on")
                 self.traffic = Traffic(
                     lambda: ready_leaders(self.cluster.pods(NAMESPACE, self.selector))
@@ -330,6 +368,11 @@ class Drill:
 
     def spec_overrides(self) -> dict[str, Any]:
         overrides = self._scenario_overrides()
+        if self.engine == "sglang":
+            # The tiny model generated on this machine; probes with room for a loaded CPU.
+            overrides["model"] = {"path": str(sglang_cpu.model_dir())}
+            overrides["image"] = "lmsysorg/sglang:v0.5.23-local-cpu"
+            overrides["health"] = {"timeoutSeconds": 3, "startupGraceSeconds": 600}
         if self.router:
             overrides["router"] = {"enabled": True}
         overrides["recovery"] = {**overrides.get("recovery", {}), "mode": self.recovery_mode}

@@ -1,6 +1,8 @@
-"""Faults for drills, injected the way they happen: into the stand-in ranks of one group
-(decisions, collectives, step time via the pod's `fault.json`), into their processes
-(SIGKILL, SIGSTOP via the pod's `ranks.json`), or through the API (pod delete).
+"""Faults for drills, injected the way they happen: into the ranks of one group
+(decisions, collectives, step time via the pod's `fault.json`, which the CPU stand-in
+always reads and the real SGLang runtime reads through its test-only switch), into their
+processes (SIGKILL, SIGSTOP of the rank processes the pod agent reports), or through the
+API (pod delete). The same for both engines of the local cluster.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 from kubernetes import client as k8s
 
 from lockstep import constants as c
@@ -39,10 +42,14 @@ def group_pods(
     return live
 
 
-def rank_pids(directory: Path) -> list[tuple[int, int]]:
-    """(global rank, pid) of the stand-in ranks of a pod."""
-    data = json.loads((directory / "ranks.json").read_text())
-    return [(int(r["rank"]), int(r["pid"])) for r in data["ranks"]]
+def rank_pids(pod: dict[str, Any], timeout: float = 5.0) -> list[tuple[int, int]]:
+    """(global rank, pid) of the live ranks of a pod, from its pod agent's `GET /ranks`."""
+    url = f"http://{pod['status']['podIP']}:{c.PORT_AGENT}/ranks"
+    data = httpx.get(url, timeout=timeout, trust_env=False).json()
+    ranks = [(int(r["rank"]), int(r["pid"])) for r in data["ranks"] if r.get("alive", True)]
+    if not ranks:
+        raise RuntimeError(f"the pod agent of {pod['metadata']['name']} reports no live rank")
+    return ranks
 
 
 def inject(
@@ -64,7 +71,7 @@ def inject(
     dirs = [pod_dir(kubelet_root, p) for p in pods]
     if kind in ("desync", "hang", "slow", "none"):
         # desync/hang: one rank (the group's last) misbehaves; slow: every rank.
-        victim = max(r for r, _ in rank_pids(dirs[-1])) if kind in ("desync", "hang") else None
+        victim = max(r for r, _ in rank_pids(last)) if kind in ("desync", "hang") else None
         epoch = int(pods[0]["metadata"]["labels"].get(c.LABEL_EPOCH, "0"))
         # The epoch keeps a fault from firing again in a restarted container of a later
         # epoch that reuses nothing but the pod name.
@@ -81,7 +88,7 @@ def inject(
         who = "every rank" if victim is None else f"rank {victim}"
         return f"{kind} injected into {role}/{group} ({who})"
     if kind in ("kill-rank", "stall-rank"):
-        rank, pid = max(rank_pids(dirs[-1]))
+        rank, pid = max(rank_pids(last))
         os.kill(pid, signal.SIGKILL if kind == "kill-rank" else signal.SIGSTOP)
         verb = "killed" if kind == "kill-rank" else "stopped (SIGSTOP)"
         return f"{verb} rank {rank} (pid {pid}) of {role}/{group} in {last['metadata']['name']}"

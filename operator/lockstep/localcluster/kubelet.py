@@ -23,7 +23,9 @@ its keys are leading words of command + args, so `("python3", "-m", "sglang_rout
 can map one program without mapping every `python3`):
 
 - command `["lockstep-sglang"]` runs `[sys.executable, "-m", "lockstep_sglang.standin",
-  *args]`, the CPU stand-in of the SGLang image; the image itself is ignored;
+  *args]`, the CPU stand-in of the SGLang image; the image itself is ignored. With
+  `engine=engine("sglang")` it runs the real launcher and the real SGLang server on CPU
+  instead, with what a CPU-only machine needs added (`lockstep.localcluster.engines`);
 - `["python3", "-m", "sglang_router.launch_router", ...]` (the router the operator renders)
   runs the real sglang-router launcher with this interpreter (`sglang-router` installed
   here), exactly with the pod's args;
@@ -71,7 +73,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -86,22 +87,20 @@ import httpx
 
 from lockstep.localcluster.containerlogs import ContainerLogServer, run_header
 from lockstep.localcluster.controlplane import ControlPlaneError, LocalControlPlane
+from lockstep.localcluster.engines import (
+    CommandTable,
+    ContainerContext,
+    Engine,
+    engine,
+)
 
 Obj = dict[str, Any]
 
-CommandTable = Mapping[tuple[str, ...], Sequence[str]]
-"""Leading words of a container's command + args -> the local argv that replaces them
-(the longest matching key wins; the remaining words follow)."""
-
-ROUTER_MODULE = "sglang_router.launch_router"
-
-COMMANDS: CommandTable = {
-    ("lockstep-sglang",): (sys.executable, "-m", "lockstep_sglang.standin"),
-    # The router the operator renders (`python3 -m sglang_router.launch_router ...`).
-    ("python3", "-m", ROUTER_MODULE): (sys.executable, "-m", ROUTER_MODULE),
-}
+COMMANDS: CommandTable = engine("standin").commands
 """The default table: the SGLang image's entry point runs the CPU stand-in, and the
-router image's runs the real sglang-router with this interpreter."""
+router image's runs the real sglang-router with this interpreter (see
+:mod:`lockstep.localcluster.engines`; `ProcessKubelet(engine=engine("sglang"))` runs the
+real SGLang server instead)."""
 
 INHERITED_ENV: tuple[str, ...] = (
     "PATH",
@@ -496,6 +495,9 @@ def exit_code(returncode: int) -> tuple[int, int | None]:
     return returncode, None
 
 
+_STANDIN = engine("standin")
+
+
 # -- pure logic: pod status ------------------------------------------------------------
 
 
@@ -649,7 +651,8 @@ class ProcessKubelet:
         shape: NodeShape | None = None,
         root_dir: Path | None = None,
         address_pool: str = "127.0.64.0/18",
-        commands: CommandTable = COMMANDS,
+        commands: CommandTable | None = None,
+        engine: Engine | None = None,
         inherit_env: Sequence[str] = INHERITED_ENV,
         extra_env: Mapping[str, str] | None = None,
         heartbeat_seconds: float = 10.0,
@@ -668,7 +671,8 @@ class ProcessKubelet:
         self._given_root = root_dir
         self._root: Path | None = None
         self._addresses = AddressPool(address_pool)
-        self.commands = dict(commands)
+        self.engine = engine
+        self.commands = dict(commands if commands is not None else (engine or _STANDIN).commands)
         self._inherit = tuple(inherit_env)
         self._extra_env = dict(extra_env or {})
         self.heartbeat_seconds = heartbeat_seconds
@@ -1341,6 +1345,10 @@ class _PodWorker(threading.Thread):
             argv = with_dist_init_ip(argv, ip)
         container.rendezvous_since = None
         argv = with_pod_host(argv, self.ip)
+        if kubelet.engine is not None:
+            argv, env = kubelet.engine.complete(
+                argv, env, ContainerContext(container.spec, pod, self.ip, self.dir)
+            )
         _rotate(container.log_path)
         started = time.time()
         with open(container.log_path, "ab") as log:

@@ -457,7 +457,15 @@ def _value_fix(spec: FlagSpec) -> str:
 
 def _check_env(ctx: _Ctx) -> None:
     for i, var in enumerate(ctx.role.env):
-        if var.name in OWNED_ENV:
+        if var.name == c.ENV_TEST_FAULT_FILE:
+            ctx.invalid(
+                "operator-owned-env",
+                f"spec.{ctx.role_name}.env[{i}].name",
+                f"{var.name} is the runtime's test-only fault switch (it injects desyncs and "
+                "hangs on purpose); the operator never renders it",
+                "remove it (the local cluster's drills set it on their own pods only)",
+            )
+        elif var.name in OWNED_ENV:
             ctx.invalid(
                 "operator-owned-env",
                 f"spec.{ctx.role_name}.env[{i}].name",

@@ -1,0 +1,110 @@
+"""What an SGLang pod's container runs on the local cluster: the CPU stand-in or the
+real SGLang server.
+
+The operator renders every SGLang pod with the image's entrypoint `lockstep-sglang` and
+SGLang's own argv; the process kubelet maps that entrypoint to a local program:
+
+- `standin` (the default, fast): `python -m lockstep_sglang.standin`, real gloo ranks
+  running a scheduler loop shaped like SGLang's with lockstep's real runtime pieces;
+- `sglang` (the reference): `python -m lockstep_sglang.launcher`, the product's own
+  entrypoint running the real SGLang 0.5.23 server with lockstep's hooks, on CPU. What a
+  CPU-only machine adds around it (the tiny model's flags, `sgl_kernel`'s stand-in, the
+  mooncake libraries) comes from :mod:`lockstep.localcluster.sglang_cpu`, as a CPU image
+  would carry it; the pod keeps its rendered argv and env otherwise. Each pod also gets
+  its own state directory (a pod's `/dev/shm`: here every pod shares the machine's), its
+  agent bound to the pod's address, and the test-only fault switch
+  (`LOCKSTEP_TEST_FAULT_FILE=<pod dir>/fault.json`) that the operator never renders.
+
+Where the two differ, the stand-in is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lockstep.localcluster import sglang_cpu
+
+EngineName = Literal["standin", "sglang"]
+ENGINES: tuple[EngineName, ...] = ("standin", "sglang")
+
+ENTRYPOINT = "lockstep-sglang"
+ROUTER_MODULE = "sglang_router.launch_router"
+LAUNCHER = (sys.executable, "-m", "lockstep_sglang.launcher")
+STANDIN = (sys.executable, "-m", "lockstep_sglang.standin")
+FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"  # lockstep_sglang.faults (not importable here)
+FAULT_FILE = "fault.json"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+CommandTable = Mapping[tuple[str, ...], Sequence[str]]
+"""Leading words of a container's command + args -> the local argv that replaces them
+(the longest matching key wins; the remaining words follow)."""
+
+
+@dataclass(frozen=True)
+class ContainerContext:
+    """What the kubelet knows of the container it is about to start."""
+
+    container: Mapping[str, Any]
+    pod: Mapping[str, Any]
+    pod_ip: str
+    pod_dir: Path
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs the container asked for (one local rank each)."""
+        resources = self.container.get("resources") or {}
+        raw = (resources.get("limits") or {}).get(GPU_RESOURCE) or (
+            resources.get("requests") or {}
+        ).get(GPU_RESOURCE)
+        try:
+            return max(1, int(str(raw or "1")))
+        except ValueError:
+            return 1
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An entrypoint table and how a mapped container's argv and env are completed."""
+
+    name: EngineName
+    commands: CommandTable
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    def complete(
+        self, argv: list[str], env: dict[str, str], ctx: ContainerContext
+    ) -> tuple[list[str], dict[str, str]]:
+        """The container's final argv and env (the router and others pass unchanged)."""
+        if self.name != "sglang" or tuple(argv[: len(LAUNCHER)]) != LAUNCHER:
+            return argv, env
+        mode = _flag_value(argv, "--disaggregation-mode")
+        argv = [*argv, *sglang_cpu.cpu_flags(mode)]
+        env = sglang_cpu.cpu_env(env, cores=[i % self.cores for i in range(ctx.gpus)])
+        env["LOCKSTEP_STATE_DIR"] = str(ctx.pod_dir / "state")
+        env["LOCKSTEP_AGENT_HOST"] = ctx.pod_ip
+        env[FAULT_FILE_ENV] = str(ctx.pod_dir / FAULT_FILE)
+        return argv, env
+
+
+def _flag_value(argv: Sequence[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def engine(name: EngineName = "standin") -> Engine:
+    """The engine called `name`; the router's entrypoint is the real router either way."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
+    commands: dict[tuple[str, ...], Sequence[str]] = {
+        (ENTRYPOINT,): STANDIN if name == "standin" else LAUNCHER,
+        ("python3", "-m", ROUTER_MODULE): (sys.executable, "-m", ROUTER_MODULE),
+    }
+    return Engine(name, commands)
