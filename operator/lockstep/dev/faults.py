@@ -42,6 +42,16 @@ def group_pods(
     return live
 
 
+def highest_rank(pod: dict[str, Any]) -> int:
+    """The highest global rank of a pod, from its spec alone (its agent may not answer):
+    node rank r of a group with g GPUs per pod holds ranks r*g .. r*g+g-1, as SGLang
+    lays them out across nodes."""
+    node_rank = int(pod["metadata"]["labels"].get(c.LABEL_RANK, "0"))
+    limits = pod["spec"]["containers"][0].get("resources", {}).get("limits", {})
+    gpus = int(str(limits.get("nvidia.com/gpu", "1")))
+    return (node_rank + 1) * gpus - 1
+
+
 def rank_pids(pod: dict[str, Any], timeout: float = 5.0) -> list[tuple[int, int]]:
     """(global rank, pid) of the live ranks of a pod, from its pod agent's `GET /ranks`."""
     url = f"http://{pod['status']['podIP']}:{c.PORT_AGENT}/ranks"
@@ -71,7 +81,7 @@ def inject(
     dirs = [pod_dir(kubelet_root, p) for p in pods]
     if kind in ("desync", "hang", "slow", "none"):
         # desync/hang: one rank (the group's last) misbehaves; slow: every rank.
-        victim = max(r for r, _ in rank_pids(last)) if kind in ("desync", "hang") else None
+        victim = highest_rank(last) if kind in ("desync", "hang") else None
         epoch = int(pods[0]["metadata"]["labels"].get(c.LABEL_EPOCH, "0"))
         # The epoch keeps a fault from firing again in a restarted container of a later
         # epoch that reuses nothing but the pod name.
