@@ -335,6 +335,20 @@ def build_group_service(pdd: PDDeployment, role_name: str, group: int, epoch: in
     }
 
 
+# How the router treats a server that died with requests in flight (measured with
+# sglang-router 0.3.2 and the real SGLang 0.5.23 on CPU, docs/router.md): with its
+# defaults (health check every 60 s, 5 retries) a request whose decode died was retried
+# onto the same dead decode and waited for the prefill's 300 s bootstrap timeout; with
+# these the dead server leaves the rotation within ~2 s and the request is retried on
+# another one. A flag the user gives in spec.router.args wins.
+ROUTER_FAILURE_DEFAULTS: tuple[tuple[str, str], ...] = (
+    ("--health-check-interval-secs", "1"),
+    ("--health-failure-threshold", "2"),
+    ("--retry-max-retries", "2"),
+    ("--retry-initial-backoff-ms", "3000"),
+)
+
+
 def _selector_args(selector: Mapping[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(selector.items())]
 
@@ -367,6 +381,10 @@ def build_router(pdd: PDDeployment) -> list[Obj]:
     ]
     if namespace:
         args += ["--service-discovery-namespace", namespace]
+    given = {a.split("=", 1)[0] for a in router.args if a.startswith("--")}
+    for flag, value in ROUTER_FAILURE_DEFAULTS:
+        if flag not in given:
+            args += [flag, value]
     args += list(router.args)
     pod_labels = {**deployment_labels(pdd), **labels}
     service_account = {

@@ -131,6 +131,39 @@ def test_router_discovers_rank_zero_pods_of_each_role() -> None:
     ]
 
 
+def test_router_drops_a_dead_server_fast_unless_the_user_says_otherwise() -> None:
+    def router_args(obj: dict[str, object]) -> list[str]:
+        objects = build_all(parse_pddeployment(obj))
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    args = router_args(pdd_obj())
+    value = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert value["--health-check-interval-secs"] == "1"
+    assert value["--health-failure-threshold"] == "2"
+    assert value["--retry-max-retries"] == "2"
+    assert value["--retry-initial-backoff-ms"] == "3000"
+    mine = pdd_obj(router={"args": ["--health-check-interval-secs=5"]})
+    args = router_args(mine)
+    assert "--health-check-interval-secs" not in args  # the user's spelling is the only one
+    assert args[-1] == "--health-check-interval-secs=5"
+
+
+def test_decode_notices_a_dead_prefill_within_seconds_unless_the_user_says_otherwise() -> None:
+    def env_of(obj: dict[str, object], role: str) -> dict[str, str | None]:
+        pdd = parse_pddeployment(obj)
+        pod = build_group_pods(pdd, role, 0, 0, evaluate(pdd.spec).roles[role])[0]
+        return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+    decode = env_of(pdd_obj(), "decode")
+    assert decode["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "2"
+    assert decode["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "2"
+    assert "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL" not in env_of(pdd_obj(), "prefill")
+    own = [{"name": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "value": "7"}]
+    mine = env_of(pdd_obj(decode={"tp": 1, "gpusPerPod": 1, "env": own}), "decode")
+    assert mine["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "7"  # once, the user's
+
+
 def test_prefill_leader_advertises_its_bootstrap_port_to_the_router() -> None:
     pdd = deepseek()
     pod = build_group_pods(pdd, "prefill", 0, 0, evaluate(pdd.spec).roles["prefill"])[0]

@@ -217,6 +217,13 @@ def cmd_drill(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"lockstep dev drill: {exc}", file=sys.stderr)
         return 2
+
+    def stop(signum: int, _frame: object) -> None:
+        # As Ctrl-C: the drill's cleanup stops every process of its local cluster
+        # (SIGTERM's default would leave the servers, the router and the operator running).
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
     if args.json:
         result = drill.run()
         print(result.to_json())

@@ -223,6 +223,9 @@ class Drill:
 
     def all_healthy(self) -> bool:
         st = self.status()
+        for cond in st.get("conditions") or []:
+            if cond.get("reason") == "InvalidSpec":
+                raise RuntimeError(f"the operator refused the drill spec: {cond.get('message')}")
         spec = self.cluster.pdd(NAMESPACE, NAME)["spec"]
         want_p, want_d = spec["prefill"]["replicas"], spec["decode"]["replicas"]
         return bool(
@@ -372,7 +375,11 @@ class Drill:
             # The tiny model generated on this machine; probes with room for a loaded CPU.
             overrides["model"] = {"path": str(sglang_cpu.model_dir())}
             overrides["image"] = "lmsysorg/sglang:v0.5.23-local-cpu"
-            overrides["health"] = {"timeoutSeconds": 3, "startupGraceSeconds": 600}
+            overrides["health"] = {
+                "periodSeconds": 2,
+                "timeoutSeconds": 2,
+                "startupGraceSeconds": 600,
+            }
         if self.router:
             overrides["router"] = {"enabled": True}
         overrides["recovery"] = {**overrides.get("recovery", {}), "mode": self.recovery_mode}

@@ -12,8 +12,10 @@ SGLang's own argv; the process kubelet maps that entrypoint to a local program:
   mooncake libraries) comes from :mod:`lockstep.localcluster.sglang_cpu`, as a CPU image
   would carry it; the pod keeps its rendered argv and env otherwise. Each pod also gets
   its own state directory (a pod's `/dev/shm`: here every pod shares the machine's), its
-  agent bound to the pod's address, and the test-only fault switch
-  (`LOCKSTEP_TEST_FAULT_FILE=<pod dir>/fault.json`) that the operator never renders.
+  agent bound to the pod's address, the test-only fault switch
+  (`LOCKSTEP_TEST_FAULT_FILE=<pod dir>/fault.json`) that the operator never renders, and
+  the local patches of `images/sglang-cpu/site/lockstep_local_patches.py` (the
+  rendezvous store on the pod's address; a request log like the stand-in's).
 
 Where the two differ, the stand-in is wrong.
 """
@@ -38,6 +40,7 @@ LAUNCHER = (sys.executable, "-m", "lockstep_sglang.launcher")
 STANDIN = (sys.executable, "-m", "lockstep_sglang.standin")
 FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"  # lockstep_sglang.faults (not importable here)
 FAULT_FILE = "fault.json"
+REQUEST_LOG = "requests.jsonl"  # the stand-in's name (lockstep.dev.traffic reads it)
 GPU_RESOURCE = "nvidia.com/gpu"
 
 CommandTable = Mapping[tuple[str, ...], Sequence[str]]
@@ -87,6 +90,10 @@ class Engine:
         env["LOCKSTEP_STATE_DIR"] = str(ctx.pod_dir / "state")
         env["LOCKSTEP_AGENT_HOST"] = ctx.pod_ip
         env[FAULT_FILE_ENV] = str(ctx.pod_dir / FAULT_FILE)
+        # images/sglang-cpu/site/lockstep_local_patches.py: the rendezvous store bound to
+        # the pod's address, and the request log the drills read (as the stand-in's).
+        env["LOCKSTEP_LOCAL_POD"] = "1"
+        env["LOCKSTEP_REQUEST_LOG"] = str(ctx.pod_dir / REQUEST_LOG)
         return argv, env
 
 

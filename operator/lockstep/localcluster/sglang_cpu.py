@@ -13,9 +13,9 @@ real kernels; here (no GPU, no model hub) the same server runs on CPU with:
   `SGLANG_NCCL_SO_PATH` at a missing file (torch's wheel bundles libnccl, so SGLang's
   pynccl would try CUDA), `SGLANG_CPU_OMP_THREADS_BIND` (one core per rank),
   `LD_LIBRARY_PATH` with the Debian libraries mooncake's TCP transfer needs (extracted
-  by `.ci/setup-sglang-cpu`, not installed), and
-  `SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0` (else a CUDA stream on a prefix
-  hit);
+  by `.ci/setup-sglang-cpu`, not installed), `MC_FORCE_TCP=1` (mooncake over TCP, no
+  RDMA), and `SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0` (else a CUDA stream on
+  a prefix hit);
 - flags: the CPU device, torch-native attention and sampling, no CUDA graphs, float32, a
   small KV pool, sleep when idle; decode keeps retraction backups in CPU tensors.
 
@@ -119,6 +119,9 @@ def cpu_env(
     env["SGLANG_NCCL_SO_PATH"] = "/nonexistent/lockstep-cpu/libnccl.so"
     env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in cores)
     env["SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX"] = "0"
+    # No RDMA here: mooncake's TCP transport (what SGLang's `mooncake_tcp` backend sets),
+    # so the operator's rendered `--disaggregation-transfer-backend mooncake` stays.
+    env["MC_FORCE_TCP"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(site_dir()), base.get("PYTHONPATH", "")) if p
     )
