@@ -15,7 +15,7 @@ when the module is first imported, only with ``SGLANG_USE_CPU_ENGINE=1`` and
 ``sglang.srt.entrypoints.http_server``: a request log, ``$LOCKSTEP_REQUEST_LOG`` (one
     JSON line per request received: ``{"event": "received", "at": unix seconds, "route",
     "room"}``), the format of the stand-in's, so a drill can tell which pods the router
-    sent requests to, and when.
+    sent requests to, and when. SGLang's own PD warm-up request is not logged.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 REQUEST_LOG_ENV = "LOCKSTEP_REQUEST_LOG"
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils: the warm-up's peer
 _LISTENERS: list[socket.socket] = []  # kept open for the store's lifetime
 _LOGGED_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
 
@@ -105,9 +106,12 @@ class _RequestLog:
         room = None
         try:
             data = json.loads(body)
-            room = data.get("bootstrap_room") if isinstance(data, dict) else None
         except ValueError:
-            pass
+            data = None
+        if isinstance(data, dict):
+            if data.get("bootstrap_host") == FAKE_BOOTSTRAP_HOST:
+                return  # SGLang's own PD warm-up, sent to itself at start: not traffic
+            room = data.get("bootstrap_room")
         line = json.dumps({"event": "received", "at": at, "route": route, "room": room})
         with self.lock, open(self.path, "a") as log:
             log.write(line + "\n")

@@ -56,6 +56,7 @@ from lockstep.router_workers import serving_workers
 
 SCENARIOS = (
     "desync",
+    "sequence",
     "hang",
     "rank-kill",
     "pod-delete",
@@ -67,7 +68,20 @@ SCENARIOS = (
     "baseline",
 )
 # What runs on the real SGLang engine (the stand-in runs every scenario).
-REAL_SGLANG_SCENARIOS = ("desync", "hang", "rank-kill", "pod-delete", "operator-crash")
+REAL_SGLANG_SCENARIOS = (
+    "desync",
+    "hang",
+    "rank-kill",
+    "sequence",
+    "pod-delete",
+    "operator-crash",
+)
+# The `sequence` scenario: one incident after another in decode/0.
+SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
+    ("Desynced", "desync"),
+    ("Hung", "hang"),
+    ("RankDown", "kill-rank"),
+)
 RecoveryMode = Literal["InPlace", "Recreate"]
 NAMESPACE = "lockstep-drill"
 NAME = "drill"
@@ -96,6 +110,10 @@ def drill_spec(**spec_overrides: Any) -> dict[str, Any]:
         else:
             obj["spec"][key] = value
     return obj
+
+
+def _group_key(incident: Mapping[str, Any]) -> str:
+    return f"{incident['role']}/{incident['group']}"
 
 
 def ts(rfc3339: str | None) -> float | None:
@@ -131,6 +149,8 @@ class DrillResult:
     # the records sampled every ~0.25 s while waiting; steps shorter than that may miss).
     phases: dict[str, float] = field(default_factory=dict)
     incidents: list[dict[str, Any]] = field(default_factory=list)
+    # The `sequence` scenario: the figures of each incident, in order.
+    steps: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     # Through the router (router=True): requests failed, from the stand-ins' logs which
@@ -307,13 +327,21 @@ class Drill:
         text = inject(self.cluster.core(), root, NAMESPACE, NAME, role, int(index), kind, **kw)
         self.note(text)
 
-    def incident(self, key: str = AFFECTED, closed: bool = True) -> dict[str, Any] | None:
-        role, index = key.split("/")
-        for inc in reversed(self.status().get("incidents") or []):
-            mine = inc["role"] == role and inc["group"] == int(index)
-            if mine and (not closed or inc["state"] == "Closed"):
+    def incident(
+        self, key: str = AFFECTED, closed: bool = True, after: int = 0
+    ) -> dict[str, Any] | None:
+        """The group's newest incident (closed only, by default), if it has more than
+        `after` incidents."""
+        mine = [i for i in self.status().get("incidents") or [] if _group_key(i) == key]
+        if len(mine) <= after:
+            return None
+        for inc in reversed(mine[after:]):
+            if not closed or inc["state"] == "Closed":
                 return dict(inc)
         return None
+
+    def incident_count(self, key: str = AFFECTED) -> int:
+        return sum(1 for i in self.status().get("incidents") or [] if _group_key(i) == key)
 
     # ------------------------------------------------------------------- run
 
@@ -545,16 +573,28 @@ class Drill:
         """Inject, wait for the verdict and the re-admission, and judge the restart: in
         `mode` (default: the deployment's), the same pods each restarted once more in
         place, or every pod replaced."""
+        self._conclude(self._restart_checks(verdict, kind, mode))
+
+    def _restart_checks(
+        self, verdict: str, kind: FaultKind, mode: RecoveryMode | None = None
+    ) -> list[tuple[bool, str]]:
+        """One incident of `_expect_restart`: inject, wait, and the checks it must pass."""
         mode = mode or self.recovery_mode
         before = self.uids(AFFECTED)
         counts = self.restart_counts(AFFECTED)
         epoch = int(self.group(AFFECTED).get("epoch", 0))
+        seen = self.incident_count(AFFECTED)
+        self.drained_at = self.readmitted_at = None
         self.result.injected_at = time.time()
         self.inject(kind)
-        self.wait(lambda: self.incident(AFFECTED, closed=False), 60, "a verdict on decode/0")
-        opened = self.incident(AFFECTED, closed=False) or {}
+        self.wait(
+            lambda: self.incident(AFFECTED, closed=False, after=seen), 60, "a verdict on decode/0"
+        )
+        opened = self.incident(AFFECTED, closed=False, after=seen) or {}
         self.note(f"verdict {opened.get('verdict')}: drain, evidence, whole-group restart")
-        inc = self.wait(lambda: self.incident(AFFECTED), self.timeout_s, "decode/0 re-admitted")
+        inc = self.wait(
+            lambda: self.incident(AFFECTED, after=seen), self.timeout_s, "decode/0 re-admitted"
+        )
         self.note(f"decode/0 re-admitted in epoch {self.group(AFFECTED).get('epoch')}")
         self._judge_incident(inc)
         after = self.uids(AFFECTED)
@@ -583,7 +623,7 @@ class Drill:
             ]
         if self.router:
             checks += self._router_checks()
-        self._conclude(checks)
+        return checks
 
     def _judge_incident(self, inc: dict[str, Any]) -> None:
         r = self.result
@@ -615,6 +655,39 @@ class Drill:
 
     def _desync(self) -> None:
         self._expect_restart("Desynced", "desync")
+
+    def _sequence(self) -> None:
+        """A desync, then a hang, then a killed rank, in decode/0 of one cluster, each
+        recovered (and judged) before the next: what the real engine's CI drill runs.
+
+        The first is restarted in the deployment's mode; the group then fails again
+        within `recovery.inPlace.escalationWindowSeconds` of an in-place restart, so (in
+        InPlace mode) the next ones escalate to Recreate, as the design says."""
+        checks: list[tuple[bool, str]] = []
+        for i, (verdict, kind) in enumerate(SEQUENCE):
+            self.note(f"next: {kind}")
+            mode: RecoveryMode = self.recovery_mode if i == 0 else "Recreate"
+            step = self._restart_checks(verdict, kind, mode)
+            self._figures_now()
+            r = self.result
+            r.steps.append(
+                {
+                    "fault": kind,
+                    "verdict": r.verdict,
+                    "restart_mode": r.restart_mode,
+                    "time_to_detect_s": r.time_to_detect_s,
+                    "time_to_recover_s": r.time_to_recover_s,
+                    "phases": self._phases(),
+                    "router_failed_before_drain": r.router_failed_before_drain,
+                    "router_failed_after_drain": r.router_failed_after_drain,
+                    "affected_received_while_drained": r.affected_received_while_drained,
+                    "passed": all(ok for ok, _ in step),
+                }
+            )
+            checks += [(ok, f"{kind}: {why}") for ok, why in step]
+            if not all(ok for ok, _ in step):
+                break
+        self._conclude(checks)
 
     def _hang(self) -> None:
         self._expect_restart("Hung", "hang")

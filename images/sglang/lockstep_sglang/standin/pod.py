@@ -3,8 +3,10 @@
 It never runs a collective and never waits without a bound, so it cannot wedge: the
 main thread only waits for a rank process to end (``pidfd``) or a signal; HTTP, the pod
 agent and the pipe to rank 0 run on their own threads. When any local rank ends, for
-whatever reason, it kills the other local ranks and exits non-zero at once — the
-container restarts and the operator sees it. ``SIGTERM``/``SIGINT`` stop the ranks
+whatever reason, it kills the other local ranks, closes the HTTP port and, as the real
+launcher does once its SGLang server ended, keeps the pod agent serving the evidence for
+``LOCKSTEP_EXIT_HOLD_S`` (the operator restarts the group in place within it), then exits
+non-zero. ``SIGTERM``/``SIGINT`` stop the ranks
 (``SIGTERM``, then ``SIGKILL`` after a short grace) and exit 0.
 
 The pod agent runs on a thread here, so its ``POST /restart`` (see
@@ -37,7 +39,8 @@ from typing import Any
 
 from lockstep_sglang.agent import RESTART_EXIT_CODE, PodAgent, RestartOrder
 from lockstep_sglang.config import resolve_epoch
-from lockstep_sglang.rank_state import archive_previous, mark_incarnation
+from lockstep_sglang.launcher import engine_exit
+from lockstep_sglang.rank_state import archive_previous, mark_incarnation, write_engine_exit
 from lockstep_sglang.standin.settings import (
     RANK_SPEC_ENV,
     PodSettings,
@@ -81,6 +84,7 @@ class Pod:
         self.leader = self.server.node_rank == 0
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.http_thread: threading.Thread | None = None
+        self.http_server: Any = None  # uvicorn.Server, once started
         self.restarting: RestartOrder | None = None
 
     # -- start ---------------------------------------------------------------------------
@@ -182,6 +186,7 @@ class Pod:
             lifespan="off",
         )
         http = uvicorn.Server(config)
+        self.http_server = http
         self.http_thread = threading.Thread(target=http.run, name="standin-http", daemon=True)
         self.http_thread.start()
 
@@ -242,18 +247,49 @@ class Pod:
                         # The agent thread killed it and is ending the process: same exit.
                         return self.end(RESTART_EXIT_CODE)
                     logger.error(
-                        "rank %d (pid %d) ended with status %d; ending the pod",
+                        "rank %d (pid %d) ended with status %d; ending the other ranks",
                         rank,
                         self.procs[rank].pid,
                         code,
                     )
-                    return self.end(exit_code_for(code))
+                    return self.hold(rank, code)
                 if self.http_thread is not None and not self.http_thread.is_alive():
                     logger.error("the HTTP server stopped (port %d in use?)", self.server.port)
                     return self.end(1)
         except _Stop as sig:
             logger.info("%s: stopping the ranks", sig)
             return self.end(0, grace_s=STOP_GRACE_S)
+
+    def hold(self, rank: int, code: int) -> int:
+        """As the real launcher after its SGLang server ended: end every local rank,
+        record how the ranks ended (the agent serves it), keep the pod agent serving the
+        evidence for ``LOCKSTEP_EXIT_HOLD_S`` (the operator restarts the group in place
+        within it: one container restart per group restart), then exit non-zero."""
+        self.end(0)
+        # Like the real server's, the HTTP port closes with the ranks (clients fail fast).
+        if self.http_server is not None:
+            self.http_server.should_exit = True
+
+        def stop(signum: int, _frame: FrameType | None) -> None:
+            raise _Stop(signal.Signals(signum).name)
+
+        signal.signal(signal.SIGTERM, stop)
+        hold_s = self.settings.runtime.exit_hold_s
+        write_engine_exit(
+            self.settings.runtime.state_dir,
+            engine_exit(self.procs[rank].pid, code, hold_s=hold_s, now=time.time()),
+        )
+        logger.error("the ranks ended; the pod agent keeps serving the evidence for %.0f s", hold_s)
+        deadline = time.monotonic() + hold_s
+        try:
+            while time.monotonic() < deadline and self.restarting is None:
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        except _Stop as sig:
+            logger.info("%s during the hold", sig)
+            return 0
+        if self.restarting is not None:
+            return RESTART_EXIT_CODE  # the agent thread is ending the process itself
+        return exit_code_for(code)
 
     def restart(self, order: RestartOrder) -> None:
         """The agent's restart action (its thread): kill every local rank, exit 75 now."""
