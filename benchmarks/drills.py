@@ -1,14 +1,23 @@
-"""Recovery figures from repeated drills on the local cluster (JSON out).
+"""Recovery figures from drills on the local cluster, per engine (JSON out).
 
-Runs the desync and hang drills N times each, the slow drill (false restarts under
-legitimately long steps: must be 0), and the baseline (the same desync without lockstep's
-guard and recovery), each on a fresh local cluster, and prints per-run figures and
-medians: time to detect (from the injection, and the operator's first-failed-probe to
+`--engine standin` (default): the desync and hang drills N times each, the slow drill
+(false restarts under legitimately long steps: must be 0) and the baseline (the same
+desync without lockstep's guard and recovery), each on a fresh local cluster, with
+medians: time to detect (from the injection, and the operator's first failed probe to
 verdict), time to recover (verdict to re-admission; on CPU stand-ins the restart is
 dominated by starting torch processes, not by weights), requests failed on the affected
 group before and after its drain, and on the other groups.
 
-Usage: python benchmarks/drills.py [--runs 3]   (about a minute per drill on 2 cores)
+`--engine sglang` / `--engine both`: the `sequence` drill through the real sglang-router
+(a desync restarted in place, then a hang and a killed rank, which fail again within the
+escalation window and are recreated) on the real SGLang 0.5.23 server on CPU, and, with
+`both`, the same drill on the stand-in in the same run for a side-by-side: time to ready
+per group, injection to verdict and verdict to re-admission per incident and restart
+mode, the time in each recovery step, every failed request with its latency (a hanging
+one ends at the drill client's 5 s timeout), and the memory (PSS) of each pod.
+
+Usage: python benchmarks/drills.py [--runs 3] [--engine standin|sglang|both]
+(about a minute per stand-in drill on 2 cores; about 12 minutes per real sequence)
 """
 
 from __future__ import annotations
@@ -33,6 +42,17 @@ FIGURES = (
     "restarts",
     "requests",
 )
+SEQUENCE_FIGURES = (
+    "engine",
+    "passed",
+    "reason",
+    "time_to_ready_s",
+    "ready_s",
+    "memory_mib",
+    "steps",
+    "requests",
+    "failed_requests",
+)
 
 
 def median(values: list[Any]) -> float | None:
@@ -40,18 +60,15 @@ def median(values: list[Any]) -> float | None:
     return round(statistics.median(nums), 3) if nums else None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
-    out: dict[str, Any] = {"benchmark": "drills", "runs": args.runs, "scenarios": {}}
-    plan = [("desync", args.runs), ("hang", args.runs), ("slow", 1), ("baseline", 1)]
-    for scenario, runs in plan:
+def standin_scenarios(runs: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    plan = [("desync", runs), ("hang", runs), ("slow", 1), ("baseline", 1)]
+    for scenario, n in plan:
         results = []
-        for _ in range(runs):
+        for _ in range(n):
             r = asdict(run_drill(scenario))
             results.append({k: r[k] for k in FIGURES})
-        out["scenarios"][scenario] = {
+        out[scenario] = {
             "runs": results,
             "median_time_to_detect_s": median([r["time_to_detect_s"] for r in results]),
             "median_probe_time_to_detect_s": median([r["probe_time_to_detect_s"] for r in results]),
@@ -60,6 +77,26 @@ def main() -> None:
             if scenario == "slow"
             else None,
         }
+    return out
+
+
+def sequence(engine: str) -> dict[str, Any]:
+    r = asdict(run_drill("sequence", engine=engine, router=True))
+    return {k: r[k] for k in SEQUENCE_FIGURES}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--engine", choices=("standin", "sglang", "both"), default="standin")
+    args = parser.parse_args()
+    out: dict[str, Any] = {"benchmark": "drills", "engine": args.engine}
+    if args.engine == "standin":
+        out["runs"] = args.runs
+        out["scenarios"] = standin_scenarios(args.runs)
+    else:
+        engines = ["standin", "sglang"] if args.engine == "both" else ["sglang"]
+        out["sequence"] = {engine: sequence(engine) for engine in engines}
     print(json.dumps(out, indent=2))
 
 

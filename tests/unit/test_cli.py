@@ -146,3 +146,18 @@ def test_readme_documents_every_policy_rule() -> None:
     readme = (REPO / "README.md").read_text()
     for rule in RULES:
         assert f"`{rule}`" in readme, f"README lacks rule {rule}"
+
+
+def test_dev_engine_choices_are_the_local_clusters_engines() -> None:
+    from lockstep.dev import cli as dev_cli
+    from lockstep.localcluster.engines import ENGINES
+
+    assert tuple(dev_cli.ENGINE_CHOICES) == ENGINES
+
+
+def test_a_scenario_the_real_engine_cannot_run_is_refused_with_the_ones_it_can() -> None:
+    from lockstep.dev.drills import Drill
+
+    with pytest.raises(ValueError, match="runs on the stand-in only") as err:
+        Drill("baseline", engine="sglang")
+    assert "desync, hang, rank-kill, sequence" in str(err.value)

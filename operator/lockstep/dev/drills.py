@@ -42,6 +42,7 @@ import yaml
 from lockstep import constants as c
 from lockstep.dev.cluster import DevCluster, wait_for
 from lockstep.dev.faults import FaultKind, inject
+from lockstep.dev.procmem import tree_pss_mib
 from lockstep.dev.traffic import (
     ROUTER,
     Traffic,
@@ -132,6 +133,8 @@ class DrillResult:
     reason: str = ""
     engine: str = "standin"
     time_to_ready_s: float | None = None  # apply -> every group healthy (and routed)
+    ready_s: dict[str, float] = field(default_factory=dict)  # apply -> each group Healthy
+    memory_mib: dict[str, float] = field(default_factory=dict)  # PSS per pod, once ready
     verdict: str | None = None
     injected_at: float | None = None
     time_to_detect_s: float | None = None  # injection -> verdict
@@ -151,6 +154,9 @@ class DrillResult:
     incidents: list[dict[str, Any]] = field(default_factory=list)
     # The `sequence` scenario: the figures of each incident, in order.
     steps: list[dict[str, Any]] = field(default_factory=list)
+    # Every failed request (latency: how long the client waited), seconds after the
+    # first injection.
+    failed_requests: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     # Through the router (router=True): requests failed, from the stand-ins' logs which
@@ -219,6 +225,7 @@ class Drill:
         self.drained_at: float | None = None
         self.readmitted_at: float | None = None
         self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
+        self.first_injection: float | None = None
 
     # ----------------------------------------------------------------- helpers
 
@@ -364,13 +371,18 @@ class Drill:
             if self.router:
                 self.wait(self.router_routes_everywhere, 120, "the router routing to every group")
                 self.result.time_to_ready_s = round(time.time() - applied, 1)
+                self._ready_figures(applied)
                 self.note("every group healthy and in the router; traffic through the router")
                 self.traffic = Traffic(
                     lambda: router_endpoint(self.cluster.pods(NAMESPACE, self.selector)),
                     concurrency=2,
+                    # Long enough to see how long a request caught by an incident really
+                    # waits through the real router (its figure); the stand-in's 5 s.
+                    timeout_s=30.0 if self.engine == "sglang" else 5.0,
                 ).start()
             else:
                 self.result.time_to_ready_s = round(time.time() - applied, 1)
+                self._ready_figures(applied)
                 self.note("every group healthy; traffic on")
                 self.traffic = Traffic(
                     lambda: ready_leaders(self.cluster.pods(NAMESPACE, self.selector))
@@ -396,6 +408,17 @@ class Drill:
             if self._own_dir and self.result.passed:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         return self.result
+
+    def _ready_figures(self, applied: float) -> None:
+        """When each group first turned Healthy, and what each pod costs in memory."""
+        for at, steps in self.samples:
+            for key, step in steps.items():
+                if step == "Healthy" and key not in self.result.ready_s and at >= applied:
+                    self.result.ready_s[key] = round(at - applied, 1)
+        assert self.cluster.kubelet is not None
+        for (namespace, name), pid in sorted(self.cluster.kubelet.processes().items()):
+            if namespace == NAMESPACE:
+                self.result.memory_mib[name] = tree_pss_mib(pid)
 
     def spec_overrides(self) -> dict[str, Any]:
         overrides = self._scenario_overrides()
@@ -466,8 +489,25 @@ class Drill:
                 out[f"{role}/{g['index']}"] = int(g.get("restarts", 0))
         return out
 
+    def _failed_requests(self) -> list[dict[str, Any]]:
+        """Every failed request with its latency (hanging ones end at the client's
+        timeout), relative to the first injection; at most the last 50."""
+        assert self.traffic is not None
+        origin = self.first_injection or 0.0
+        failed = self.traffic.failures()
+        return [
+            {
+                "group": o.group,
+                "sent_s": round(o.sent_at - origin, 2),
+                "latency_s": round(o.latency_s, 2),
+                "error": (o.error or "")[:160],
+            }
+            for o in failed[-50:]
+        ]
+
     def _figures(self) -> None:
         assert self.traffic is not None
+        self.result.failed_requests = self._failed_requests()
         if self.router:
             self._router_figures()
             return
@@ -586,6 +626,7 @@ class Drill:
         seen = self.incident_count(AFFECTED)
         self.drained_at = self.readmitted_at = None
         self.result.injected_at = time.time()
+        self.first_injection = self.first_injection or self.result.injected_at
         self.inject(kind)
         self.wait(
             lambda: self.incident(AFFECTED, closed=False, after=seen), 60, "a verdict on decode/0"
@@ -684,6 +725,11 @@ class Drill:
                     "passed": all(ok for ok, _ in step),
                 }
             )
+            failed_after = (
+                r.router_failed_after_drain if self.router else r.affected_failed_after_drain
+            )
+            step.append((failed_after == 0, f"{failed_after} request(s) failed after the drain"))
+            r.steps[-1]["passed"] = all(ok for ok, _ in step)
             checks += [(ok, f"{kind}: {why}") for ok, why in step]
             if not all(ok for ok, _ in step):
                 break

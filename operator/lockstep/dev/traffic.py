@@ -31,6 +31,7 @@ from lockstep import constants as c
 Targets = Callable[[], dict[str, str]]  # group key ("decode/0") or "router" -> base URL
 ROUTER = "router"
 _SEQUENCE = itertools.count(1)
+MAX_NEW_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,11 @@ class Traffic:
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s + 5)
 
+    def failures(self) -> list[Outcome]:
+        """Every failed request so far, in the order they ended."""
+        with self._lock:
+            return [o for o in self.outcomes if not o.ok]
+
     def stats(self, since: float = 0.0, until: float | None = None) -> dict[str, GroupStats]:
         """Per-group counts of requests sent in [since, until)."""
         out: dict[str, GroupStats] = {}
@@ -118,11 +124,18 @@ class Traffic:
         sent = self.clock()
         start = time.monotonic()
         text = f"drill {group} #{next(_SEQUENCE)} {sent:.3f}"
-        body = {"text": text, "sampling_params": {"max_new_tokens": 8}}
+        # ignore_eos: the real tiny model may end at its first token; a request then
+        # still generates all its tokens, as on the stand-in.
+        params = {"max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+        body = {"text": text, "sampling_params": params}
         ok, error = False, None
         try:
             resp = await client.post(f"{url}/generate", json=body, timeout=self.timeout_s)
-            ok = resp.status_code == 200 and bool(resp.json().get("text"))
+            answer = resp.json() if resp.status_code == 200 else {}
+            ok = isinstance(answer.get("text"), str) and (
+                answer.get("meta_info", {}).get("completion_tokens", MAX_NEW_TOKENS)
+                == MAX_NEW_TOKENS
+            )
             if not ok:
                 error = f"HTTP {resp.status_code}: {resp.text[:120]}"
         except (httpx.HTTPError, ValueError) as err:

@@ -1,0 +1,36 @@
+"""Incident drills on the real SGLang 0.5.23 server (the local cluster's `sglang` engine).
+
+Every SGLang pod of the drill deployment runs the product's own launcher and the real
+server on CPU (one prefill group of TP1, two decode groups of TP2, each spanning two
+pods; PD over mooncake TCP), behind the real sglang-router, with the real operator. One
+cluster, three incidents in decode group 0, each recovered before the next: a desync
+forced into one rank's decisions (restarted in place), a rank wedged in the request
+broadcast (the group failed again within the escalation window: recreated), a killed
+rank (recreated). The stand-in drills (test_drills.py, test_router_drills.py) cover the
+other scenarios; where the two engines differ, the stand-in is wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lockstep.dev.drills import Drill
+
+
+@pytest.mark.timeout(2400)
+def test_real_servers_recover_from_a_desync_a_hang_and_a_killed_rank_through_the_router() -> None:
+    result = Drill("sequence", engine="sglang").run()
+    print(result.to_json())
+    assert result.passed, f"{result.reason}\n{result.to_json()}"
+    desync, hang, killed = result.steps
+    assert (desync["verdict"], desync["restart_mode"]) == ("Desynced", "InPlace")
+    assert (hang["verdict"], hang["restart_mode"]) == ("Hung", "Recreate")
+    assert (killed["verdict"], killed["restart_mode"]) == ("RankDown", "Recreate")
+    for step in result.steps:
+        # A desync and a dead rank act at once; a hang after three failed probes (2 s).
+        assert step["time_to_detect_s"] < 20, step
+        # Nothing reached the drained group, and nothing failed once it was drained.
+        assert step["affected_received_while_drained"] == 0, step
+        assert step["router_failed_after_drain"] == 0, step
+    # The other decode group served throughout (the router's requests all landed there).
+    assert result.requests["router"]["sent"] > result.requests["router"]["failed"]
