@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest
 
 .PHONY: demo test venv tools controlplane lint test-unit test-chart test-controlplane \
-        test-distributed test-sglang test-e2e crd
+        test-distributed test-sglang test-realsglang test-e2e crd
 
 venv:
 	@bash .ci/setup-venv
@@ -44,6 +44,8 @@ test-distributed: venv
 	$(PYTEST) -m distributed tests
 test-sglang: venv
 	$(PYTEST) -m sglang tests
+test-realsglang: venv
+	$(PYTEST) -m realsglang tests
 test-e2e: venv tools controlplane
 	$(PYTEST) -m e2e tests
 

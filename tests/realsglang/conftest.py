@@ -59,3 +59,48 @@ def shared_tp2(tiny_model: Path) -> Iterator[RealServer]:
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def real_router(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """``real_router(prefill, decode)``: sglang-router 0.3.2 in PD mode in front of two
+    real servers; returns its URL once it routes to both; killed at the end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+    from server import HOST, free_port, wait_for
+
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(prefill: RealServer, decode: RealServer) -> str:
+        port = free_port()
+        cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        cmd += ["--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url]
+        cmd += ["--host", HOST, "--port", str(port), "--prometheus-host", HOST]
+        cmd += ["--prometheus-port", str(free_port())]
+        with (tmp_path / "router.log").open("wb") as log:
+            procs.append(
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+        url = f"http://{HOST}:{port}"
+
+        def routes_both() -> bool:
+            try:
+                workers = httpx.get(f"{url}/workers", timeout=2, trust_env=False).json()
+            except (httpx.HTTPError, ValueError):
+                return False
+            return sum(1 for w in workers.get("workers", []) if w.get("is_healthy")) == 2
+
+        wait_for(routes_both, 90, "the router to route to the prefill and the decode")
+        return url
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)

@@ -60,12 +60,21 @@ class RealServer:
         epoch: int = 0,
         hold_s: float = 30.0,
         cores: Sequence[int] | None = None,
+        mode: str | None = None,
     ) -> None:
+        """``mode``: ``prefill`` or ``decode`` for a PD server (mooncake over TCP; a
+        prefill gets a bootstrap port), None for a plain one."""
         self.workdir = workdir
         self.state_dir = workdir / "state"
         self.fault_file = workdir / "fault.json"
         self.port = free_port()
         self.agent_port = free_port()
+        self.bootstrap_port = free_port()
+        pd: list[str] = []
+        if mode is not None:
+            pd = ["--disaggregation-mode", mode, "--disaggregation-transfer-backend", "mooncake"]
+            if mode == "prefill":
+                pd += ["--disaggregation-bootstrap-port", str(self.bootstrap_port)]
         self.args = [
             "--model-path",
             str(model),
@@ -77,7 +86,8 @@ class RealServer:
             HOST,
             "--port",
             str(self.port),
-            *sglang_cpu.cpu_flags(),
+            *pd,
+            *sglang_cpu.cpu_flags(mode),
             *args,
         ]
         base = {

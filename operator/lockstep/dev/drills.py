@@ -133,7 +133,8 @@ class DrillResult:
     reason: str = ""
     engine: str = "standin"
     time_to_ready_s: float | None = None  # apply -> every group healthy (and routed)
-    ready_s: dict[str, float] = field(default_factory=dict)  # apply -> each group Healthy
+    # apply -> each group Healthy in status (sampled every ~0.25 s)
+    ready_s: dict[str, float] = field(default_factory=dict)
     memory_mib: dict[str, float] = field(default_factory=dict)  # PSS per pod, once ready
     verdict: str | None = None
     injected_at: float | None = None
@@ -367,7 +368,12 @@ class Drill:
                     else ""
                 )
             )
-            self.wait(self.all_healthy, self.ready_timeout_s, "every group healthy")
+
+            def all_started() -> bool:
+                self.note_ready_groups(applied)
+                return self.all_healthy()
+
+            self.wait(all_started, self.ready_timeout_s, "every group healthy")
             if self.router:
                 self.wait(self.router_routes_everywhere, 120, "the router routing to every group")
                 self.result.time_to_ready_s = round(time.time() - applied, 1)
@@ -409,12 +415,18 @@ class Drill:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         return self.result
 
+    def note_ready_groups(self, applied: float) -> None:
+        """Record when each group is first Healthy in status (polled while starting)."""
+        st = self.status()
+        for role in c.ROLES:
+            for g in (st.get(role) or {}).get("groups") or []:
+                key = f"{role}/{g['index']}"
+                if g.get("state") == "Healthy" and key not in self.result.ready_s:
+                    self.result.ready_s[key] = round(time.time() - applied, 1)
+
     def _ready_figures(self, applied: float) -> None:
-        """When each group first turned Healthy, and what each pod costs in memory."""
-        for at, steps in self.samples:
-            for key, step in steps.items():
-                if step == "Healthy" and key not in self.result.ready_s and at >= applied:
-                    self.result.ready_s[key] = round(at - applied, 1)
+        """What each pod costs in memory once every group is ready."""
+        self.note_ready_groups(applied)
         assert self.cluster.kubelet is not None
         for (namespace, name), pid in sorted(self.cluster.kubelet.processes().items()):
             if namespace == NAMESPACE:
