@@ -19,8 +19,9 @@ import tracemalloc
 import psutil
 
 import lockstep.handlers  # noqa: F401  (the operator's import footprint)
+from lockstep.agent_client import RanksAnswer
 from lockstep.control import dump_records
-from lockstep.prober import HISTORY, AgentResult, ProbeBook, ProbeSample, ProbeTarget
+from lockstep.prober import HISTORY, ProbeBook, ProbeSample, ProbeTarget
 from lockstep.recovery import GroupRecord, IncidentRecord, PodRef, Step
 
 
@@ -64,7 +65,7 @@ def build(groups: int, pods_per_group: int, ranks_per_pod: int) -> tuple[object,
     for t in targets:
         for i in range(HISTORY):  # a full history of failed samples: the worst case
             agents = tuple(
-                AgentResult(
+                RanksAnswer(
                     pod,
                     {"ranks": [rank_state(p * ranks_per_pod + r, i) for r in range(ranks_per_pod)]},
                 )

@@ -31,6 +31,13 @@ from typing import Any
 import httpx
 
 from lockstep import constants as c
+from lockstep.agent_client import (
+    UNREACHABLE,
+    AgentClient,
+    agent_url,
+    consensus_cause,
+    report_from_ranks,
+)
 from lockstep.builders import (
     agent_token_secret_name,
     build_agent_token_secret,
@@ -77,14 +84,12 @@ from lockstep.recovery import (
 )
 from lockstep.router_workers import router_pod_selector, sync_router_workers
 from lockstep.verdicts import (
-    AgentDataError,
     AgentReport,
     GroupObservation,
     GroupVerdict,
     ProbeOutcome,
     RankState,
     Verdict,
-    agent_report_from_json,
     classify_group,
     pod_view_from_k8s,
 )
@@ -96,7 +101,6 @@ ANNOTATION_RECORDS = f"{c.GROUP}/groups"
 ANNOTATION_RESTART = f"{c.GROUP}/restart"
 MAX_INCIDENTS = 20
 EVIDENCE_MARK = "\n--- captured before restart ---\n"
-UNREACHABLE = "unreachable"
 
 EventSink = Callable[[str, str, str], None]  # type (Normal|Warning), reason, message
 
@@ -127,6 +131,11 @@ class Runtime:
     agent_tokens: dict[tuple[str, str, str], str] = field(default_factory=dict)
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def agents(self) -> AgentClient:
+        """The pod agents' client (over the shared HTTP client)."""
+        return AgentClient(self.http)
 
     def lock_for(self, namespace: str, name: str) -> threading.Lock:
         """The lock that serialises the rounds of one deployment."""
@@ -222,7 +231,7 @@ def observe_group(
             None if fresh.latency_s is None else fresh.latency_s * 1000,
             fresh.error,
         )
-        agents = tuple(_agent_report(a.pod, a.body, a.error, epoch) for a in fresh.agents)
+        agents = tuple(report_from_ranks(a.pod, a.body, epoch, a.error) for a in fresh.agents)
         baseline = record.restart_baseline if record is not None else {}
         obs = GroupObservation(epoch, expected_pods, probe, views, agents, baseline)
         previous = rt.previous_ranks.get(key, ())
@@ -278,46 +287,10 @@ def _read_agents_with_previous(
     for pod in pods:
         ip = (pod.get("status") or {}).get("podIP")
         name = str((pod.get("metadata") or {}).get("name", ""))
-        if not ip:
-            continue
-        try:
-            body = rt.http.get(f"http://{ip}:{c.PORT_AGENT}/ranks", timeout=1.0).json()
-        except (httpx.HTTPError, ValueError) as err:
-            reports.append(AgentReport(name, None, f"{type(err).__name__}: {err}"))
-            continue
-        reports.append(_agent_report(name, body, None, epoch))
+        if ip:
+            answer = rt.agents.ranks(name, ip)
+            reports.append(report_from_ranks(name, answer.body, epoch, answer.error))
     return tuple(reports)
-
-
-def _same_epoch_previous(body: Mapping[str, Any], epoch: int) -> list[Any]:
-    """The crashed incarnation's ranks, when that incarnation ran `epoch`: the one an
-    in-place restart ended ran an older epoch, and its failure is not this epoch's. (A
-    runtime that does not report `previous_epoch` is taken at its word.)"""
-    previous = body.get("previous") or []
-    ran = body.get("previous_epoch")
-    if not isinstance(previous, list) or (ran is not None and str(ran) != str(epoch)):
-        return []
-    return previous
-
-
-def _consensus_cause(bodies: Sequence[str], epoch: int) -> str | None:
-    """A consensus failure found in captured `/ranks` answers (live ranks, and crashed
-    ranks of the same epoch)."""
-    for text in bodies:
-        try:
-            body = json.loads(text)
-        except ValueError:
-            continue
-        if not isinstance(body, dict):
-            continue
-        for rank in [*(body.get("ranks") or []), *_same_epoch_previous(body, epoch)]:
-            failure = rank.get("consensus_failure") if isinstance(rank, dict) else None
-            if failure:
-                first = failure.get("first_divergence") if isinstance(failure, dict) else None
-                events = (first or {}).get("events") if isinstance(first, dict) else None
-                detail = f"; first divergence: {events}" if events else ""
-                return f"rank {rank.get('rank')} reported a consensus divergence{detail}"[:500]
-    return None
 
 
 def token_key(pdd: PDDeployment, namespace: str) -> tuple[str, str, str]:
@@ -355,24 +328,6 @@ def _short(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"[:200]
 
 
-def _agent_report(pod: str, body: Any, error: str | None, epoch: int) -> AgentReport:
-    if body is None:
-        return AgentReport(pod, None, error)
-    if isinstance(body, dict) and body.get("previous"):
-        # Ranks of the crashed incarnation count when they carry a consensus failure:
-        # the divergence is why they are gone.
-        crashed = [
-            r
-            for r in _same_epoch_previous(body, epoch)
-            if isinstance(r, dict) and r.get("consensus_failure")
-        ]
-        body = {"ranks": [*(body.get("ranks") or []), *crashed]}
-    try:
-        return agent_report_from_json(pod, body)
-    except AgentDataError as err:
-        return AgentReport(pod, None, str(err))
-
-
 def probe_targets(
     pdd: PDDeployment,
     key_prefix: tuple[str, str],
@@ -401,7 +356,7 @@ def probe_targets(
     health = pdd.spec.health
     ip = leader["status"]["podIP"]
     agents = tuple(
-        (p["metadata"]["name"], f"http://{p['status']['podIP']}:{c.PORT_AGENT}")
+        (p["metadata"]["name"], agent_url(p["status"]["podIP"]))
         for p in sorted(current, key=lambda p: int(label(p, c.LABEL_RANK) or 0))
     )
     return ProbeTarget(
@@ -484,7 +439,7 @@ class _Round:
                 )
             return
         ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in self._pods()}
-        asks: list[tuple[str, str, str]] = []  # (uid, name, agent URL)
+        asks: list[tuple[str, str, str]] = []  # (uid, name, pod IP)
         for ref in action.pods:
             try:
                 self.rt.kube.relabel_pod(
@@ -497,22 +452,18 @@ class _Round:
             if not ip:
                 failures[ref.uid] = ("the pod has no IP", True)
                 continue
-            asks.append((ref.uid, ref.name, f"http://{ip}:{c.PORT_AGENT}/restart"))
-        body = {"epoch": str(action.epoch), "reason": action.reason}
-        headers = {"Authorization": f"Bearer {token}"}
+            asks.append((ref.uid, ref.name, ip))
+        client = self.rt.agents
 
         def ask(item: tuple[str, str, str]) -> tuple[str, tuple[str, bool] | None]:
-            uid, _, url = item
-            try:
-                resp = self.rt.http.post(url, json=body, headers=headers, timeout=5.0)
-            except httpx.HTTPError as err:  # no answer at all: the planner may ask again
-                return uid, (f"{type(err).__name__}: {err}", True)
-            if resp.status_code in (200, 202):
+            uid, _, ip = item
+            answer = client.restart(ip, action.epoch, action.reason, token)
+            if answer.accepted:
                 return uid, None
-            if resp.status_code == 401:
+            if answer.unauthorized:
                 # The Secret may have been replaced: read it again next time.
                 self.rt.agent_tokens.pop(token_key(self.pdd, self.namespace), None)
-            return uid, (f"HTTP {resp.status_code}: {resp.text[:200]}", False)
+            return uid, (answer.error or "refused", answer.silent)
 
         if not asks:
             return
@@ -571,12 +522,11 @@ class _Round:
             ranks_text: str | None = None
             ip = ((pods.get(name) or {}).get("status") or {}).get("podIP")
             if ip:
-                base = f"http://{ip}:{c.PORT_AGENT}"
-                ranks_text = self._http("GET", f"{base}/ranks")
+                ranks_text = self.rt.agents.evidence(ip, "/ranks")
                 parts.append(f"[{name}] ranks: {ranks_text}")
                 # An agent that did not answer /ranks will not dump stacks either.
                 if action.stacks and not ranks_text.startswith(UNREACHABLE):
-                    parts.append(f"[{name}] stacks: {self._http('POST', f'{base}/stacks')}")
+                    parts.append(f"[{name}] stacks: {self.rt.agents.evidence(ip, '/stacks')}")
             if action.log_lines:
                 try:
                     logs = self.rt.kube.core.read_namespaced_pod_log(
@@ -594,7 +544,7 @@ class _Round:
         captured_bodies = [text for _, text in results if text is not None]
         captured = "\n".join(parts)
         inc = self.incidents.get(action.incident_id)
-        cause = _consensus_cause(captured_bodies, int(inc.get("epoch", 0)) if inc else 0)
+        cause = consensus_cause(captured_bodies, int(inc.get("epoch", 0)) if inc else 0)
         if inc is not None and cause and inc.get("verdict") == "RankDown":
             # The ranks died because the consensus caught a divergence: that is the
             # incident's verdict (the exit was only its consequence).
@@ -604,13 +554,6 @@ class _Round:
             base_evidence = str(inc.get("evidence", "")).split(EVIDENCE_MARK)[0]
             room = max(0, action.max_bytes - len(base_evidence) - len(EVIDENCE_MARK))
             inc["evidence"] = base_evidence + EVIDENCE_MARK + captured[:room]
-
-    def _http(self, method: str, url: str) -> str:
-        try:
-            resp = self.rt.http.request(method, url, timeout=httpx.Timeout(15.0, connect=3.0))
-            return resp.text[:4000]
-        except httpx.HTTPError as err:
-            return f"{UNREACHABLE} ({type(err).__name__}: {err})"
 
     def _pods(self) -> list[dict[str, Any]]:
         return self.rt.kube.list_pods(self.namespace, {c.LABEL_DEPLOYMENT: self.pdd.metadata.name})

@@ -2,8 +2,8 @@
 
 Each group's rank-0 pod serves `GET /lockstep/probe` (the runtime runs a no-op
 collective across every rank of the group and answers with per-group latency). When a
-probe fails, the prober reads every pod agent of the group (`GET /ranks`) so the verdict
-can tell a desync from a hang from a slow step. Results go into a `ProbeBook`, which the
+probe fails, the prober reads every pod agent of the group (`GET /ranks`, through
+`lockstep.agent_client`) so the verdict can tell a desync from a hang from a slow step. Results go into a `ProbeBook`, which the
 reconcile loop (kopf handlers, in other threads) reads; the loop itself decides nothing.
 
 httpx is the HTTP client (async, timeouts per request, connection pooling); concurrency
@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from lockstep.agent_client import RanksAnswer, read_ranks_async
+
 GroupKey = tuple[str, str, str, int]  # namespace, deployment, role, group
 
 HISTORY = 32  # samples kept per group
@@ -44,15 +46,6 @@ class ProbeTarget:
 
 
 @dataclass(frozen=True)
-class AgentResult:
-    """What one pod agent answered to `GET /ranks` (body None when unreachable)."""
-
-    pod: str
-    body: Any = None
-    error: str | None = None
-
-
-@dataclass(frozen=True)
 class ProbeSample:
     """One probe of one group (and, on failure, what the pod agents said)."""
 
@@ -63,7 +56,7 @@ class ProbeSample:
     latency_s: float | None = None
     error: str | None = None
     detail: dict[str, Any] | None = None
-    agents: tuple[AgentResult, ...] = ()
+    agents: tuple[RanksAnswer, ...] = ()
 
 
 class ProbeBook:
@@ -196,19 +189,13 @@ class Prober:
         agents = await self.read_agents(target)
         return ProbeSample(target.key, target.epoch, start, False, latency, error, detail, agents)
 
-    async def read_agents(self, target: ProbeTarget) -> tuple[AgentResult, ...]:
+    async def read_agents(self, target: ProbeTarget) -> tuple[RanksAnswer, ...]:
         """Every pod agent's `GET /ranks`, concurrently, each bounded by the timeout."""
-
-        async def one(pod: str, url: str) -> AgentResult:
-            try:
-                resp = await self.client.get(f"{url}/ranks", timeout=target.timeout)
-                if resp.status_code != 200:
-                    return AgentResult(pod, None, f"HTTP {resp.status_code}")
-                return AgentResult(pod, resp.json())
-            except (httpx.HTTPError, ValueError) as err:
-                return AgentResult(pod, None, f"{type(err).__name__}: {err}")
-
-        return tuple(await asyncio.gather(*(one(p, u) for p, u in target.agents)))
+        return tuple(
+            await asyncio.gather(
+                *(read_ranks_async(self.client, p, u, target.timeout) for p, u in target.agents)
+            )
+        )
 
 
 def _json_or_none(resp: httpx.Response) -> dict[str, Any] | None:

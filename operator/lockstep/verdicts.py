@@ -233,71 +233,7 @@ class GroupVerdict:
         return self.verdict.is_failure
 
 
-# ---------------------------------------------------------------------------- parsers
-
-
-class AgentDataError(ValueError):
-    """A pod agent answered with something that is not a rank state."""
-
-
-def rank_state_from_agent_json(obj: Mapping[str, Any], *, pod: str) -> RankState:
-    """Parse one rank of a pod agent's `GET /ranks` answer (schema below).
-
-    The one place that knows the runtime's JSON (``lockstep.dev/rank-state/v1``, see
-    `lockstep_sglang.rank_state`); a renamed field is a change here only::
-
-        {"rank": int, "tp_rank": int, "pid": int, "alive": bool (optional, default true),
-         "iteration": int, "updated_at": float,
-         "last_decision": null | {"kind", "forward_mode", "batch_size", "rids_hash", "seq"},
-         "collective": null | {"op", "group", "seq", "since"},
-         "consensus_failure": null | str | {"detected_at", "rank", "first_divergence", ...}}
-
-    A consensus failure given as an object is summarised into a bounded string. Raises
-    `AgentDataError` when a required field is missing or has the wrong type.
-    """
-    try:
-        decision_obj = obj.get("last_decision")
-        decision = None
-        if decision_obj is not None:
-            decision = Decision(
-                kind=str(decision_obj["kind"]),
-                seq=_int(decision_obj["seq"]),
-                forward_mode=_opt_str(decision_obj.get("forward_mode")),
-                batch_size=_int(decision_obj.get("batch_size", 0)),
-                rids_hash=str(decision_obj.get("rids_hash", "")),
-            )
-        coll_obj = obj.get("collective")
-        collective = None
-        if coll_obj is not None:
-            collective = Collective(
-                op=str(coll_obj["op"]),
-                group=str(coll_obj["group"]),
-                seq=_int(coll_obj["seq"]),
-                since=float(coll_obj["since"]),
-            )
-        updated = obj.get("updated_at")
-        return RankState(
-            pod=pod,
-            rank=_int(obj["rank"]),
-            iteration=_int(obj["iteration"]),
-            tp_rank=_opt_int(obj.get("tp_rank")),
-            pid=_opt_int(obj.get("pid")),
-            alive=bool(obj.get("alive", True)),
-            last_decision=decision,
-            collective=collective,
-            consensus_failure=_failure_summary(obj.get("consensus_failure")),
-            updated_at=None if updated is None else float(updated),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise AgentDataError(f"pod {pod}: bad rank state: {err!r}") from None
-
-
-def agent_report_from_json(pod: str, obj: Any) -> AgentReport:
-    """A pod agent's whole answer: a list of rank states, or `{"ranks": [...]}`."""
-    items = obj.get("ranks") if isinstance(obj, Mapping) else obj
-    if not isinstance(items, list):
-        raise AgentDataError(f"pod {pod}: expected a list of rank states")
-    return AgentReport(pod, tuple(rank_state_from_agent_json(i, pod=pod) for i in items))
+# ----------------------------------------------------------------------- from Kubernetes
 
 
 def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
@@ -371,7 +307,7 @@ def classify_group(
         return GroupVerdict(
             verdict=v,
             immediate=immediate,
-            reason=_clip(reason),
+            reason=clip_evidence(reason),
             epoch=obs.epoch,
             observed_at=now,
             signals=frozenset(signals),
@@ -536,7 +472,7 @@ def _probe_text(probe: ProbeOutcome) -> str:
         text += f" {probe.latency_ms:.0f}ms"
     if probe.error:
         text += f": {probe.error}"
-    return _clip(text)
+    return clip_evidence(text)
 
 
 def _rank_text(r: RankState) -> str:
@@ -554,26 +490,15 @@ def _key_text(key: tuple[str, str, int] | None) -> str:
     return "none" if key is None else f"{key[0]}@{key[1]}#{key[2]}"
 
 
-def _failure_summary(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, Mapping):
-        div = value.get("first_divergence")
-        text = f"divergence after {value.get('events_checked', '?')} events"
-        if isinstance(div, Mapping):
-            text += f" at index {div.get('index')}: {dict(div.get('events') or {})}"
-        return _clip(text)
-    return _clip(str(value))
-
-
 def _bounded(items: Iterable[str]) -> list[str]:
-    out = [_clip(i) for i in items]
+    out = [clip_evidence(i) for i in items]
     if len(out) > MAX_EVIDENCE_ITEMS:
         return [*out[: MAX_EVIDENCE_ITEMS - 1], f"... and {len(out) - MAX_EVIDENCE_ITEMS + 1} more"]
     return out
 
 
-def _clip(text: str) -> str:
+def clip_evidence(text: str) -> str:
+    """`text` bounded to `MAX_EVIDENCE_TEXT` characters (evidence goes to status)."""
     return text if len(text) <= MAX_EVIDENCE_TEXT else text[: MAX_EVIDENCE_TEXT - 3] + "..."
 
 
@@ -582,14 +507,6 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise TypeError(f"expected an integer, got {value!r}")
     return int(value)
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else _int(value)
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 def _label_int(labels: Mapping[str, Any], key: str) -> int | None:

@@ -1,55 +1,9 @@
-"""What the control round takes from pod agents' `/ranks` answers: a crashed incarnation's
-consensus failure counts only when that incarnation ran the group's current epoch."""
+"""The control round's pod-agent restart token: read from its Secret, made once."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 from typing import Any
-
-from lockstep.control import _agent_report, _consensus_cause
-
-
-def rank(n: int, failure: bool) -> dict[str, Any]:
-    return {
-        "rank": n,
-        "tp_rank": n,
-        "pid": 100 + n,
-        "alive": False,
-        "iteration": 7,
-        "updated_at": 1.0,
-        "last_decision": None,
-        "collective": None,
-        "consensus_failure": (
-            {"detected_at": 1.0, "first_divergence": {"events": {"0": "a", "1": "b"}}}
-            if failure
-            else None
-        ),
-    }
-
-
-def answer(previous_epoch: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"epoch": "3", "ranks": [], "previous": [rank(1, True)]}
-    if previous_epoch is not None:
-        body["previous_epoch"] = previous_epoch
-    return body
-
-
-def test_a_crash_in_this_epoch_is_evidence_of_a_divergence() -> None:
-    report = _agent_report("p-1", answer("3"), None, 3)
-    assert report.ranks and report.ranks[0].consensus_failure is not None
-    assert _consensus_cause([json.dumps(answer("3"))], 3) is not None
-
-
-def test_the_incarnation_an_in_place_restart_ended_is_not_this_epochs_failure() -> None:
-    report = _agent_report("p-1", answer("2"), None, 3)
-    assert report.ranks == ()
-    assert _consensus_cause([json.dumps(answer("2"))], 3) is None
-
-
-def test_a_runtime_that_does_not_say_its_previous_epoch_is_taken_at_its_word() -> None:
-    report = _agent_report("p-1", answer(None), None, 3)
-    assert report.ranks and report.ranks[0].consensus_failure is not None
 
 
 class SecretStore:

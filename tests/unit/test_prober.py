@@ -8,7 +8,8 @@ import random
 
 import httpx
 
-from lockstep.prober import AgentResult, ProbeBook, Prober, ProbeSample, ProbeTarget
+from lockstep.agent_client import RanksAnswer
+from lockstep.prober import ProbeBook, Prober, ProbeSample, ProbeTarget
 
 KEY = ("ns", "m", "decode", 0)
 
@@ -157,7 +158,7 @@ def test_run_loop_probes_all_groups_with_bounded_concurrency() -> None:
 def test_book_keeps_agent_answers_of_the_newest_sample_only() -> None:
     book = ProbeBook()
     book.set_targets("ns", "m", [target()])
-    answer = (AgentResult("p0", {"ranks": []}),)
+    answer = (RanksAnswer("p0", {"ranks": []}),)
     book.record(ProbeSample(KEY, 1, 1.0, False, agents=answer))
     book.record(ProbeSample(KEY, 1, 2.0, False, agents=answer))
     first, second = book.samples(KEY)

@@ -11,7 +11,6 @@ from lockstep import constants as c
 from lockstep.verdicts import (
     MAX_EVIDENCE_ITEMS,
     MAX_EVIDENCE_TEXT,
-    AgentDataError,
     AgentReport,
     Collective,
     Decision,
@@ -21,10 +20,8 @@ from lockstep.verdicts import (
     RankState,
     Signal,
     Verdict,
-    agent_report_from_json,
     classify_group,
     pod_view_from_k8s,
-    rank_state_from_agent_json,
 )
 
 NOW = 1_000_000.0
@@ -348,96 +345,6 @@ def test_latency_is_carried_for_status() -> None:
 
 
 # ------------------------------------------------------------------------- parsers
-
-AGENT_JSON: dict[str, Any] = {
-    "rank": 3,
-    "tp_rank": 3,
-    "pid": 4242,
-    "alive": True,
-    "started_at": 10.0,
-    "updated_at": 20.5,
-    "iteration": 77,
-    "last_decision": {
-        "kind": "batch",
-        "forward_mode": "DECODE",
-        "batch_size": 8,
-        "rids_hash": "9f3a",
-        "seq": 41,
-    },
-    "collective": {"op": "all_reduce", "group": "tp:cpu", "seq": 12, "since": 19.0},
-    "consensus_failure": None,
-}
-
-
-def test_rank_state_from_agent_json() -> None:
-    got = rank_state_from_agent_json(AGENT_JSON, pod="p-1")
-    assert got == RankState(
-        pod="p-1",
-        rank=3,
-        iteration=77,
-        tp_rank=3,
-        pid=4242,
-        alive=True,
-        last_decision=Decision("batch", 41, "DECODE", 8, "9f3a"),
-        collective=Collective("all_reduce", "tp:cpu", 12, 19.0),
-        consensus_failure=None,
-        updated_at=20.5,
-    )
-
-
-def test_rank_state_idle_and_outside_collectives() -> None:
-    obj = {**AGENT_JSON, "last_decision": None, "collective": None}
-    obj.pop("alive")
-    got = rank_state_from_agent_json(obj, pod="p")
-    assert (got.last_decision, got.collective, got.alive) == (None, None, True)
-
-
-def test_rank_state_of_an_exited_rank() -> None:
-    got = rank_state_from_agent_json({**AGENT_JSON, "alive": False}, pod="p")
-    assert got.alive is False
-
-
-def test_consensus_failure_object_is_summarised() -> None:
-    failure = {
-        "detected_at": 1.0,
-        "rank": 3,
-        "events_checked": 120,
-        "local_hash": "aa",
-        "first_divergence": {"index": 119, "events": {"0": "batch:8", "3": "idle"}},
-        "recent_events": {"0": ["x"] * 1000},
-    }
-    got = rank_state_from_agent_json({**AGENT_JSON, "consensus_failure": failure}, pod="p")
-    assert got.consensus_failure is not None
-    assert "120 events" in got.consensus_failure
-    assert "119" in got.consensus_failure
-    assert len(got.consensus_failure) <= MAX_EVIDENCE_TEXT
-    plain = rank_state_from_agent_json({**AGENT_JSON, "consensus_failure": "boom"}, pod="p")
-    assert plain.consensus_failure == "boom"
-
-
-@pytest.mark.parametrize(
-    "broken",
-    [
-        {k: v for k, v in AGENT_JSON.items() if k != "rank"},
-        {**AGENT_JSON, "iteration": "many"},
-        {**AGENT_JSON, "iteration": True},
-        {**AGENT_JSON, "collective": {"op": "x"}},
-        {**AGENT_JSON, "last_decision": "batch"},
-    ],
-    ids=["no-rank", "text-iteration", "bool-iteration", "partial-collective", "bad-decision"],
-)
-def test_malformed_rank_state_is_refused(broken: dict[str, Any]) -> None:
-    with pytest.raises(AgentDataError, match="p-9"):
-        rank_state_from_agent_json(broken, pod="p-9")
-
-
-def test_agent_report_accepts_a_list_or_a_wrapper() -> None:
-    listed = agent_report_from_json("p", [AGENT_JSON])
-    wrapped = agent_report_from_json("p", {"ranks": [AGENT_JSON]})
-    assert listed == wrapped
-    assert listed.ranks is not None and listed.ranks[0].rank == 3
-    with pytest.raises(AgentDataError):
-        agent_report_from_json("p", {"nope": 1})
 
 
 def k8s_pod(**status: Any) -> dict[str, Any]:

@@ -40,6 +40,7 @@ import httpx
 import yaml
 
 from lockstep import constants as c
+from lockstep.agent_client import agent_url
 from lockstep.dev.cluster import DevCluster, wait_for
 from lockstep.dev.faults import FaultKind, inject
 from lockstep.dev.procmem import tree_pss_mib
@@ -765,7 +766,7 @@ class Drill:
         sel = f"{self.selector},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index}"
         answers = []
         for pod in self.cluster.pods(NAMESPACE, sel):
-            url = f"http://{pod['status']['podIP']}:{c.PORT_AGENT}/restart"
+            url = f"{agent_url(pod['status']['podIP'])}/restart"
             for headers in ({}, {"Authorization": "Bearer not-the-token"}):
                 resp = httpx.post(url, json={"epoch": "99"}, headers=headers, timeout=5)
                 answers.append(resp.status_code)

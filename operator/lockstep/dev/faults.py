@@ -17,6 +17,7 @@ import httpx
 from kubernetes import client as k8s
 
 from lockstep import constants as c
+from lockstep.agent_client import AgentClient, report_from_ranks
 
 FaultKind = Literal["desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none"]
 
@@ -54,9 +55,13 @@ def highest_rank(pod: dict[str, Any]) -> int:
 
 def rank_pids(pod: dict[str, Any], timeout: float = 5.0) -> list[tuple[int, int]]:
     """(global rank, pid) of the live ranks of a pod, from its pod agent's `GET /ranks`."""
-    url = f"http://{pod['status']['podIP']}:{c.PORT_AGENT}/ranks"
-    data = httpx.get(url, timeout=timeout, trust_env=False).json()
-    ranks = [(int(r["rank"]), int(r["pid"])) for r in data["ranks"] if r.get("alive", True)]
+    name = pod["metadata"]["name"]
+    with httpx.Client(trust_env=False) as http:
+        answer = AgentClient(http).ranks(name, pod["status"]["podIP"], timeout=timeout)
+    report = report_from_ranks(name, answer.body, 0, answer.error)
+    if report.ranks is None:
+        raise RuntimeError(f"the pod agent of {name} did not answer: {report.error}")
+    ranks = [(r.rank, r.pid) for r in report.ranks if r.alive and r.pid is not None]
     if not ranks:
         raise RuntimeError(f"the pod agent of {pod['metadata']['name']} reports no live rank")
     return ranks

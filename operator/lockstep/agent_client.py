@@ -1,0 +1,268 @@
+"""The pod agent's client: the only code that calls a pod agent or reads its JSON.
+
+Every SGLang pod runs lockstep's pod agent (`lockstep_sglang.agent`) on
+`constants.PORT_AGENT`. The operator uses four of its routes, all through this module:
+
+- `GET /ranks` (schema `lockstep.dev/rank-state/v1`, `lockstep_sglang.rank_state`): the
+  local ranks' state; also `previous` (the last incarnation's ranks), `previous_epoch`
+  (the group epoch that incarnation ran), `engine_exit` (how the SGLang server process of
+  this incarnation ended). Read by the prober when a probe fails (async) and by the
+  control round (sync);
+- `POST /stacks`: `py-spy` dumps, for an incident's evidence;
+- `POST /restart` (bearer token): the in-place group restart.
+
+Parsing is pure (`report_from_ranks`, `rank_state_from_json`, `consensus_cause`); a
+renamed field is a change here only, and a contract test feeds this module the real
+`PodAgent`'s answer. httpx is the HTTP client (sync and async, per-request timeouts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from lockstep import constants as c
+from lockstep.verdicts import AgentReport, Collective, Decision, RankState, clip_evidence
+
+SCHEMA = "lockstep.dev/rank-state/v1"
+# An evidence answer is bounded (16 ranks x a few hundred bytes, or a py-spy dump).
+MAX_ANSWER_CHARS = 4000
+UNREACHABLE = "unreachable"
+
+
+class AgentDataError(ValueError):
+    """A pod agent answered with something that is not a rank state."""
+
+
+def agent_url(pod_ip: str) -> str:
+    """The base URL of a pod's agent."""
+    return f"http://{pod_ip}:{c.PORT_AGENT}"
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def rank_state_from_json(obj: Mapping[str, Any], *, pod: str) -> RankState:
+    """One rank of a `GET /ranks` answer::
+
+        {"rank": int, "tp_rank": int, "pid": int, "alive": bool (optional, default true),
+         "iteration": int, "updated_at": float,
+         "last_decision": null | {"kind", "forward_mode", "batch_size", "rids_hash", "seq"},
+         "collective": null | {"op", "group", "seq", "since"},
+         "consensus_failure": null | str | {"detected_at", "rank", "first_divergence", ...}}
+
+    Other fields are ignored. A consensus failure given as an object is summarised into a
+    bounded string. Raises `AgentDataError` naming the pod when a required field is
+    missing or has the wrong type.
+    """
+    try:
+        decision_obj = obj.get("last_decision")
+        decision = None
+        if decision_obj is not None:
+            decision = Decision(
+                kind=str(decision_obj["kind"]),
+                seq=_int(decision_obj["seq"]),
+                forward_mode=_opt_str(decision_obj.get("forward_mode")),
+                batch_size=_int(decision_obj.get("batch_size", 0)),
+                rids_hash=str(decision_obj.get("rids_hash", "")),
+            )
+        coll_obj = obj.get("collective")
+        collective = None
+        if coll_obj is not None:
+            collective = Collective(
+                op=str(coll_obj["op"]),
+                group=str(coll_obj["group"]),
+                seq=_int(coll_obj["seq"]),
+                since=float(coll_obj["since"]),
+            )
+        updated = obj.get("updated_at")
+        return RankState(
+            pod=pod,
+            rank=_int(obj["rank"]),
+            iteration=_int(obj["iteration"]),
+            tp_rank=_opt_int(obj.get("tp_rank")),
+            pid=_opt_int(obj.get("pid")),
+            alive=bool(obj.get("alive", True)),
+            last_decision=decision,
+            collective=collective,
+            consensus_failure=_failure_summary(obj.get("consensus_failure")),
+            updated_at=None if updated is None else float(updated),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise AgentDataError(f"pod {pod}: bad rank state: {err!r}") from None
+
+
+def same_epoch_previous(body: Mapping[str, Any], epoch: int) -> list[Any]:
+    """The last incarnation's ranks, when that incarnation ran `epoch`: the one an
+    in-place restart ended ran an older epoch, and its failure is not this epoch's. (A
+    runtime that does not report `previous_epoch` is taken at its word.)"""
+    previous = body.get("previous") or []
+    ran = body.get("previous_epoch")
+    if not isinstance(previous, list) or (ran is not None and str(ran) != str(epoch)):
+        return []
+    return previous
+
+
+def report_from_ranks(pod: str, body: Any, epoch: int, error: str | None = None) -> AgentReport:
+    """A pod agent's `GET /ranks` answer (None: it did not answer, `error` says why) as
+    the verdicts read it: the live ranks, plus the ranks of a crashed incarnation of the
+    same epoch that carry a consensus failure (the divergence is why they are gone).
+    A bare list of rank states is accepted too. Never raises: a malformed answer is an
+    unreachable agent with the parse error."""
+    if body is None:
+        return AgentReport(pod, None, error)
+    items: Any = body
+    if isinstance(body, Mapping):
+        crashed = [
+            r
+            for r in same_epoch_previous(body, epoch)
+            if isinstance(r, Mapping) and r.get("consensus_failure")
+        ]
+        items = [*(body.get("ranks") or []), *crashed]
+    if not isinstance(items, list):
+        return AgentReport(pod, None, f"pod {pod}: expected a list of rank states")
+    try:
+        return AgentReport(pod, tuple(rank_state_from_json(i, pod=pod) for i in items))
+    except AgentDataError as err:
+        return AgentReport(pod, None, str(err))
+
+
+def consensus_cause(answers: Sequence[str], epoch: int) -> str | None:
+    """A consensus failure in captured `GET /ranks` answers (live ranks, and crashed
+    ranks of the same epoch), as one line for an incident's cause."""
+    for text in answers:
+        try:
+            body = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(body, dict):
+            continue
+        for rank in [*(body.get("ranks") or []), *same_epoch_previous(body, epoch)]:
+            failure = rank.get("consensus_failure") if isinstance(rank, dict) else None
+            if failure:
+                first = failure.get("first_divergence") if isinstance(failure, dict) else None
+                events = (first or {}).get("events") if isinstance(first, dict) else None
+                detail = f"; first divergence: {events}" if events else ""
+                return f"rank {rank.get('rank')} reported a consensus divergence{detail}"[:500]
+    return None
+
+
+# ----------------------------------------------------------------------------- calling
+
+
+@dataclass(frozen=True)
+class RanksAnswer:
+    """What one pod agent answered to `GET /ranks` (`body` None: no usable answer)."""
+
+    pod: str
+    body: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RestartAnswer:
+    """The answer to `POST /restart`: `accepted` (202, or 200 for an epoch already
+    running or under way); otherwise `error`, and `silent` when nothing answered at all
+    (the agent may be starting again: asking again may work) as opposed to a refusal."""
+
+    accepted: bool
+    error: str | None = None
+    silent: bool = False
+    unauthorized: bool = False
+
+
+async def read_ranks_async(
+    client: httpx.AsyncClient, pod: str, base_url: str, timeout: float
+) -> RanksAnswer:
+    """`GET /ranks` of one agent (the prober's path), bounded by `timeout`."""
+    try:
+        resp = await client.get(f"{base_url}/ranks", timeout=timeout)
+    except httpx.HTTPError as err:
+        return RanksAnswer(pod, None, f"{type(err).__name__}: {err}")
+    return _ranks_answer(pod, resp)
+
+
+class AgentClient:
+    """The control round's (synchronous) calls to pod agents."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self.http = http
+
+    def ranks(self, pod: str, pod_ip: str, timeout: float = 1.0) -> RanksAnswer:
+        """`GET /ranks` of one agent."""
+        try:
+            resp = self.http.get(f"{agent_url(pod_ip)}/ranks", timeout=timeout)
+        except httpx.HTTPError as err:
+            return RanksAnswer(pod, None, f"{type(err).__name__}: {err}")
+        return _ranks_answer(pod, resp)
+
+    def evidence(self, pod_ip: str, route: str) -> str:
+        """The raw answer of `GET /ranks` or `POST /stacks`, bounded, for an incident's
+        evidence; `unreachable (...)` when the agent did not answer."""
+        method = "POST" if route == "/stacks" else "GET"
+        try:
+            resp = self.http.request(
+                method, f"{agent_url(pod_ip)}{route}", timeout=httpx.Timeout(15.0, connect=3.0)
+            )
+        except httpx.HTTPError as err:
+            return f"{UNREACHABLE} ({type(err).__name__}: {err})"
+        return resp.text[:MAX_ANSWER_CHARS]
+
+    def restart(self, pod_ip: str, epoch: int, reason: str, token: str) -> RestartAnswer:
+        """`POST /restart` into `epoch` with the deployment's bearer token."""
+        try:
+            resp = self.http.post(
+                f"{agent_url(pod_ip)}/restart",
+                json={"epoch": str(epoch), "reason": reason},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=5.0,
+            )
+        except httpx.HTTPError as err:
+            return RestartAnswer(False, f"{type(err).__name__}: {err}", silent=True)
+        if resp.status_code in (200, 202):
+            return RestartAnswer(True)
+        return RestartAnswer(
+            False,
+            f"HTTP {resp.status_code}: {resp.text[:200]}",
+            unauthorized=resp.status_code == 401,
+        )
+
+
+def _ranks_answer(pod: str, resp: httpx.Response) -> RanksAnswer:
+    if resp.status_code != 200:
+        return RanksAnswer(pod, None, f"HTTP {resp.status_code}")
+    try:
+        return RanksAnswer(pod, resp.json())
+    except ValueError as err:
+        return RanksAnswer(pod, None, f"{type(err).__name__}: {err}")
+
+
+def _failure_summary(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, Mapping):
+        div = value.get("first_divergence")
+        text = f"divergence after {value.get('events_checked', '?')} events"
+        if isinstance(div, Mapping):
+            text += f" at index {div.get('index')}: {dict(div.get('events') or {})}"
+        return clip_evidence(text)
+    return clip_evidence(str(value))
+
+
+def _int(value: Any) -> int:
+    # bool is an int in Python; a rank or counter given as true/false is malformed.
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
