@@ -25,10 +25,13 @@ controlplane:
 demo: venv controlplane
 	$(BIN)/lockstep dev drill --scenario desync
 
+# Lint, format, types, and the import contracts (who may import what): pyproject.toml's
+# [tool.importlinter].
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy operator/lockstep images/sglang/lockstep_sglang
+	$(BIN)/lint-imports --no-cache --no-logo
 
 # Every tier, in one pytest run; each tier also runs alone (make test-<tier>).
 test: venv tools controlplane lint

@@ -96,8 +96,15 @@ from pathlib import Path
 from typing import Any, TypedDict
 from urllib.parse import parse_qs, urlsplit
 
-# The module, not its names: lockstep_sglang.config imports this module for its constants.
-from lockstep_sglang import config as runtime_config
+from lockstep_sglang.config import (
+    AGENT_HOST_ENV,
+    AGENT_PORT_ENV,
+    DEFAULT_AGENT_HOST,
+    DEFAULT_AGENT_PORT,
+    effective_epoch,
+    parse_epoch,
+    write_epoch_file,
+)
 from lockstep_sglang.rank_state import (
     PREVIOUS_SUBDIR,
     SCHEMA,
@@ -111,13 +118,8 @@ from lockstep_sglang.rank_state import (
 
 logger = logging.getLogger(__name__)
 
-PORT_ENV = "LOCKSTEP_AGENT_PORT"
 POD_NAME_ENV = "LOCKSTEP_POD_NAME"
-EPOCH_ENV = "LOCKSTEP_GROUP_EPOCH"
-HOST_ENV = "LOCKSTEP_AGENT_HOST"
 TOKEN_ENV = "LOCKSTEP_AGENT_TOKEN"
-DEFAULT_PORT = 8790
-DEFAULT_HOST = "0.0.0.0"
 DEFAULT_STACK_TIMEOUT_S = 10.0
 MAX_STACK_TIMEOUT_S = 30.0
 MAX_BODY_BYTES = 64 * 1024
@@ -238,7 +240,7 @@ class PodAgent:
         self._clock = clock
         self._stacks_busy = threading.Lock()
         self.pod_name = env.get(POD_NAME_ENV) or None
-        self.epoch = epoch if epoch is not None else runtime_config.effective_epoch(state_dir, env)
+        self.epoch = epoch if epoch is not None else effective_epoch(state_dir, env)
         self._restart = restart
         self._token = (token if token is not None else env.get(TOKEN_ENV, "")).strip()
         self._restart_lock = threading.Lock()
@@ -350,7 +352,7 @@ class PodAgent:
             return 401, {"error": "missing or wrong bearer token"}
         body = req.json()
         try:
-            epoch = runtime_config.parse_epoch(body.get("epoch"))
+            epoch = parse_epoch(body.get("epoch"))
         except ValueError as exc:
             raise ValueError(f"epoch: {exc}") from None
         reason = body.get("reason", "")
@@ -359,7 +361,7 @@ class PodAgent:
         reason = reason[:MAX_REASON_CHARS]
         running = self.epoch
         try:
-            running_n = None if running is None else runtime_config.parse_epoch(running)
+            running_n = None if running is None else parse_epoch(running)
         except ValueError:  # a malformed env epoch: nothing to compare with
             running_n = None
         with self._restart_lock:
@@ -379,7 +381,7 @@ class PodAgent:
                 return 409, {"error": conflict, "epoch": str(epoch), "running_epoch": running,
                              "pending_epoch": pending}  # fmt: skip
             try:
-                runtime_config.write_epoch_file(self.state_dir, epoch)
+                write_epoch_file(self.state_dir, epoch)
             except OSError as exc:
                 logger.error("lockstep agent: cannot persist epoch %d: %s", epoch, exc)
                 return 500, {"error": f"cannot persist epoch {epoch}: {exc}"}
@@ -405,7 +407,7 @@ class PodAgent:
             return 400, {"error": str(exc)}
 
     def make_server(
-        self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+        self, host: str = DEFAULT_AGENT_HOST, port: int = DEFAULT_AGENT_PORT
     ) -> ThreadingHTTPServer:
         """An HTTP server bound to ``host:port`` (port 0: any free port)."""
         agent = self
@@ -472,7 +474,7 @@ class PodAgent:
         return server
 
     def serve_in_thread(
-        self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+        self, host: str = DEFAULT_AGENT_HOST, port: int = DEFAULT_AGENT_PORT
     ) -> tuple[ThreadingHTTPServer, threading.Thread]:
         """Start serving on a daemon thread; ``server.shutdown()`` stops it."""
         server = self.make_server(host, port)
@@ -582,8 +584,10 @@ def process_restart(main_pid: int, state_dir: Path) -> RestartAction:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m lockstep_sglang.agent``: serve until killed."""
     parser = argparse.ArgumentParser(prog="lockstep-agent", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default=os.environ.get(HOST_ENV, DEFAULT_HOST))
-    parser.add_argument("--port", type=int, default=int(os.environ.get(PORT_ENV, DEFAULT_PORT)))
+    parser.add_argument("--host", default=os.environ.get(AGENT_HOST_ENV, DEFAULT_AGENT_HOST))
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get(AGENT_PORT_ENV, DEFAULT_AGENT_PORT))
+    )
     parser.add_argument("--state-dir", type=Path, default=state_dir_from_env())
     parser.add_argument(
         "--py-spy", default=None, help="path of py-spy (default: beside python, or PATH)"

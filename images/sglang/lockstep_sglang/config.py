@@ -38,12 +38,19 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from lockstep_sglang import agent, consensus, gloo_timeout, probe, rank_state
+from lockstep_sglang import consensus, gloo_timeout, probe, rank_state
 
 CONSENSUS_ENV = "LOCKSTEP_CONSENSUS"
 CONSENSUS_PAUSE_ENV = "LOCKSTEP_CONSENSUS_PAUSE_S"
 SGLANG_CONSENSUS_ENV = "SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"
 AGENT_ENV = "LOCKSTEP_AGENT"
+# Here, not in lockstep_sglang.agent: the agent reads its address and the group epoch from
+# this module, so this module never imports the agent (pyproject.toml's import contracts
+# keep the runtime acyclic).
+AGENT_HOST_ENV = "LOCKSTEP_AGENT_HOST"
+AGENT_PORT_ENV = "LOCKSTEP_AGENT_PORT"
+DEFAULT_AGENT_HOST = "0.0.0.0"
+DEFAULT_AGENT_PORT = 8790
 PROBE_TIMEOUT_ENV = "LOCKSTEP_PROBE_TIMEOUT_S"
 PROBE_MAX_TIMEOUT_ENV = "LOCKSTEP_PROBE_MAX_TIMEOUT_S"
 EXIT_HOLD_ENV = "LOCKSTEP_EXIT_HOLD_S"
@@ -107,8 +114,8 @@ class RuntimeConfig:
             ),
             gloo_timeout=gloo_timeout.timeout_from_env(env),
             agent=_flag(env, AGENT_ENV, True),
-            agent_host=env.get(agent.HOST_ENV) or agent.DEFAULT_HOST,
-            agent_port=int(env.get(agent.PORT_ENV) or agent.DEFAULT_PORT),
+            agent_host=env.get(AGENT_HOST_ENV) or DEFAULT_AGENT_HOST,
+            agent_port=int(env.get(AGENT_PORT_ENV) or DEFAULT_AGENT_PORT),
             probe_timeout_s=_seconds(env, PROBE_TIMEOUT_ENV, probe.DEFAULT_TIMEOUT_S),
             probe_max_timeout_s=_seconds(env, PROBE_MAX_TIMEOUT_ENV, probe.MAX_TIMEOUT_S),
             exit_hold_s=_seconds(env, EXIT_HOLD_ENV, DEFAULT_EXIT_HOLD_S, zero_ok=True),
