@@ -250,8 +250,13 @@ def _region_hook(op: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             rt = _runtime
             if rt is None:
                 return original(self, *args, **kwargs)
-            with rt.tracer.region(op, "tp:device"):
-                fault = rt.fault() if op == "run_batch" else None
+            if op != "run_batch":
+                with rt.tracer.region(op, "tp:device"):
+                    return original(self, *args, **kwargs)
+            # A model step: timed in the rank state, so the operator can tell a long
+            # legitimate step from a hang.
+            with rt.tracer.region(op, "tp:device"), rt.state.step():
+                fault = rt.fault()
                 if fault is not None and fault.kind == "slow":
                     time.sleep(fault.step_seconds)
                 return original(self, *args, **kwargs)

@@ -34,6 +34,11 @@ JSON schema (``SCHEMA`` = ``"lockstep.dev/rank-state/v1"``), one object per rank
         "rids_hash": str,             # order-insensitive hash of the batch's request ids
         "seq": int                    # 1-based count of decisions this rank made
       },
+      "step": {                  # the rank's model steps (run_batch): the operator tells a
+        "since": float | null,   # long legitimate step from a hang by them
+        "count": int,            # steps finished
+        "recent_s": [float, ...] # durations of the last 8, newest last
+      },
       "collective": null | {     # the outermost collective this rank is inside now
         "op": str,               # e.g. "broadcast_pyobj", "all_reduce", "run_batch"
         "group": str,            # process group description, e.g. "tp:cpu", "tp:device"
@@ -74,14 +79,15 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 SCHEMA = "lockstep.dev/rank-state/v1"
 STATE_DIR_ENV = "LOCKSTEP_STATE_DIR"
 DEFAULT_STATE_DIR = "/dev/shm/lockstep"
 PREVIOUS_SUBDIR = "previous"
 
-_MAGIC = b"LCKSTP01"
+_MAGIC = b"LCKSTP02"  # 02: the step fields
+RECENT_STEPS = 8
 _NAME_BYTES = 48
 _SHORT_BYTES = 24
 _KIND_NONE, _KIND_IDLE, _KIND_BATCH = 0, 1, 2
@@ -96,6 +102,14 @@ class DecisionJSON(TypedDict):
     batch_size: int
     rids_hash: str
     seq: int
+
+
+class StepJSON(TypedDict):
+    """The rank's model steps (`run_batch`): how long they take, and the one running."""
+
+    since: float | None  # unix seconds the running step started; None: not in a step
+    count: int  # steps finished since the rank started
+    recent_s: list[float]  # durations of the last steps, newest last (at most 8)
 
 
 class CollectiveJSON(TypedDict):
@@ -146,6 +160,7 @@ class RankStateJSON(TypedDict):
     iteration: int
     last_decision: DecisionJSON | None
     collective: CollectiveJSON | None
+    step: StepJSON
     consensus: ConsensusStatsJSON | None
     consensus_failure: ConsensusFailureJSON | None
     error: NotRequired[str]
@@ -173,6 +188,9 @@ class _Layout(ctypes.Structure):
         ("collective_since", ctypes.c_double),
         ("collective_op", ctypes.c_char * _NAME_BYTES),
         ("collective_group", ctypes.c_char * _NAME_BYTES),
+        ("step_since", ctypes.c_double),
+        ("step_count", ctypes.c_uint64),
+        ("step_recent", ctypes.c_double * RECENT_STEPS),
     )
     # Typed views of the fields above, for mypy (ctypes ignores annotations).
     magic: bytes
@@ -193,6 +211,9 @@ class _Layout(ctypes.Structure):
     collective_since: float
     collective_op: bytes
     collective_group: bytes
+    step_since: float
+    step_count: int
+    step_recent: Any
 
 
 _SIZE = ctypes.sizeof(_Layout)
@@ -304,6 +325,37 @@ class RankStateWriter:
             s.decision_rids_hash = _fit(rids_hash, _SHORT_BYTES)
             s.decision_seq = seq
 
+    def begin_step(self) -> float:
+        """Mark the start of a model step (``run_batch``); returns its start time."""
+        now = time.time()
+        s = self._state
+        s.generation += 1
+        s.step_since = now
+        s.updated_at = now
+        s.generation += 1
+        return now
+
+    def end_step(self, started: float) -> None:
+        """Mark the end of the step begun at ``started``: its duration joins the recent
+        ones (a ring of :data:`RECENT_STEPS`)."""
+        now = time.time()
+        s = self._state
+        s.generation += 1
+        s.step_recent[s.step_count % RECENT_STEPS] = max(0.0, now - started)
+        s.step_count += 1
+        s.step_since = 0.0
+        s.updated_at = now
+        s.generation += 1
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """A model step, timed (see :meth:`begin_step`)."""
+        started = self.begin_step()
+        try:
+            yield
+        finally:
+            self.end_step(started)
+
     def enter_collective(self, op: bytes, group: bytes, *, opaque: bool = False) -> None:
         """Mark the rank as inside collective ``op`` on ``group`` (bytes: pre-encoded)."""
         stack = self._stack
@@ -382,6 +434,18 @@ def _pid_alive(pid: int) -> bool:
             return f.read().split(b") ", 1)[1][:1] != b"Z"
     except (OSError, IndexError):
         return True
+
+
+def _step(snap: _Layout) -> StepJSON:
+    count = int(snap.step_count)
+    kept = min(count, RECENT_STEPS)
+    ring = list(snap.step_recent)
+    recent = [ring[(count - kept + i) % RECENT_STEPS] for i in range(kept)]
+    return {
+        "since": float(snap.step_since) or None,
+        "count": count,
+        "recent_s": [round(float(d), 6) for d in recent],
+    }
 
 
 def _decode(raw: bytes) -> str:
@@ -464,6 +528,7 @@ def read_rank_state(path: Path) -> RankStateJSON:
         "iteration": int(snap.iteration),
         "last_decision": decision,
         "collective": collective,
+        "step": _step(snap),
         "consensus": read_consensus(path.parent, int(snap.rank)),
         "consensus_failure": read_failure(path.parent, int(snap.rank)),
     }

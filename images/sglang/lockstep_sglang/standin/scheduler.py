@@ -212,16 +212,18 @@ class Scheduler:
         return Batch([Running(phantom, self.iteration)], "DECODE")
 
     def _forward(self, size: int, stuck: bool, slow_s: float) -> None:
-        if stuck:
-            self._stuck()
-        if slow_s > 0:
-            time.sleep(slow_s)
-        if self.spec.step_s > 0:
-            time.sleep(self.spec.step_s)
-        total = torch.tensor([size], dtype=torch.int64)
-        dist.all_reduce(total, group=self.groups.device)
-        if int(total.item()) != size * len(self.groups.world):
-            raise RuntimeError(f"forward all-reduce gave {int(total.item())} for batch {size}")
+        # A model step, timed in the rank state (as the real runtime times run_batch).
+        with self.runtime.state.step():
+            if stuck:
+                self._stuck()
+            if slow_s > 0:
+                time.sleep(slow_s)
+            if self.spec.step_s > 0:
+                time.sleep(self.spec.step_s)
+            total = torch.tensor([size], dtype=torch.int64)
+            dist.all_reduce(total, group=self.groups.device)
+            if int(total.item()) != size * len(self.groups.world):
+                raise RuntimeError(f"forward all-reduce gave {int(total.item())} for batch {size}")
 
     def _stuck(self) -> None:
         """The ``hang`` fault: wait in a receive no peer ever matches, up to the gloo bound.
