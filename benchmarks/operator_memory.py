@@ -20,8 +20,8 @@ import psutil
 
 import lockstep.handlers  # noqa: F401  (the operator's import footprint)
 from lockstep.agent_client import RanksAnswer
-from lockstep.control import dump_records
 from lockstep.prober import HISTORY, ProbeBook, ProbeSample, ProbeTarget
+from lockstep.records import dump_records
 from lockstep.recovery import GroupRecord, IncidentRecord, PodRef, Step
 
 

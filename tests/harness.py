@@ -68,7 +68,7 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), LOCKSTEP_TICK_SECONDS="0.5")
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [

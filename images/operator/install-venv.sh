@@ -29,6 +29,9 @@ for src in "${sources[@]}"; do
   cp -R "$repo/$src" "$stage/$src"
 done
 find "$stage" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+# What Dockerfile.dockerignore keeps out: the local-cluster wing and the CPU stand-in.
+rm -rf "$stage/operator/lockstep/dev" "$stage/operator/lockstep/localcluster" \
+  "$stage/images/sglang/lockstep_sglang/standin"
 
 "$python" -m venv "$dir"
 pip=("$dir/bin/python" -m pip --disable-pip-version-check)
@@ -44,6 +47,13 @@ import sys
 for module in ("kopf", "kubernetes", "httpx", "pydantic", "prometheus_client", "lockstep"):
     if importlib.util.find_spec(module) is None:
         sys.exit(f"install-venv: the operator needs {module!r}, which is not installed")
+wing = [
+    m
+    for m in ("lockstep.dev", "lockstep.localcluster", "lockstep_sglang.standin")
+    if importlib.util.find_spec(m) is not None
+]
+if wing:
+    sys.exit(f"install-venv: {wing} shipped in the operator image; they are local-cluster only")
 present = [m for m in ("torch", "sglang") if importlib.util.find_spec(m) is not None]
 if present:
     sys.exit(f"install-venv: {present} installed in the operator environment; they belong "

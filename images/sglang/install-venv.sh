@@ -29,6 +29,9 @@ for src in "${sources[@]}"; do
   cp -R "$repo/$src" "$stage/$src"
 done
 find "$stage" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+# What Dockerfile.dockerignore keeps out: the local-cluster wing and the CPU stand-in.
+rm -rf "$stage/operator/lockstep/dev" "$stage/operator/lockstep/localcluster" \
+  "$stage/images/sglang/lockstep_sglang/standin"
 
 "$python" -m venv "$dir"
 site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -46,5 +49,9 @@ import lockstep_sglang
 where = Path(lockstep_sglang.__file__).resolve()
 if not where.is_relative_to(Path(sys.argv[1]).resolve()):
     sys.exit(f"install-venv: lockstep_sglang imported from {where}, not from the new environment")
+shipped = [p.name for p in (where.parent / "standin", where.parent.parent / "lockstep" / "dev",
+           where.parent.parent / "lockstep" / "localcluster") if p.exists()]
+if shipped:
+    sys.exit(f"install-venv: {shipped} shipped in the runtime image; they are local-cluster only")
 PY
 echo "install-venv: lockstep SGLang runtime installed in $dir"

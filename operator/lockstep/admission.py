@@ -2,7 +2,7 @@
 
 kopf refuses to start when admission handlers exist without a webhook server, so this
 module is imported by `lockstep operator --webhook-port ...` only. Configuration comes
-from the environment the CLI sets (`LOCKSTEP_WEBHOOK_*`).
+from the CLI's `lockstep.settings.WebhookConfig`, in kopf's memo.
 
 - `validate-pddeployment` (path `/validate-pddeployment`): refuses invalid specs and specs
   the flag policy refuses, naming rule, field and fix; warnings for what it adjusts.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,36 +23,33 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from lockstep import constants as c
-from lockstep.handlers import api_client
+from lockstep.handlers import api_client, operator_config
 from lockstep.webhook import review, self_signed_certificate, service_dns_names
 
 log = logging.getLogger(__name__)
 
 
 @kopf.on.startup()
-def webhook_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Start kopf's webhook server with cert-manager's or a self-signed certificate."""
-    env = os.environ
-    port = int(env["LOCKSTEP_WEBHOOK_PORT"])
-    addr = env.get("LOCKSTEP_WEBHOOK_ADDR", "0.0.0.0")
-    cert_dir = env.get("LOCKSTEP_WEBHOOK_CERT_DIR")
-    if cert_dir:
-        certfile, keyfile = Path(cert_dir) / "tls.crt", Path(cert_dir) / "tls.key"
+    webhook = operator_config(memo).webhook
+    if webhook is None:
+        raise kopf.PermanentError("the admission handlers are loaded without a webhook config")
+    addr = webhook.addr
+    if webhook.cert_dir:
+        certfile, keyfile = Path(webhook.cert_dir) / "tls.crt", Path(webhook.cert_dir) / "tls.key"
     else:
-        service = env.get("LOCKSTEP_WEBHOOK_SERVICE", "lockstep-webhook")
-        namespace = env.get("LOCKSTEP_WEBHOOK_NAMESPACE", "default")
         ips = [addr] if addr not in ("0.0.0.0", "::") else []
-        cert = self_signed_certificate(service_dns_names(service, namespace), ips)
+        cert = self_signed_certificate(service_dns_names(webhook.service, webhook.namespace), ips)
         tmp = Path(tempfile.mkdtemp(prefix="lockstep-webhook-"))
         certfile, keyfile = tmp / "tls.crt", tmp / "tls.key"
         certfile.write_bytes(cert.cert_pem)
         keyfile.write_bytes(cert.key_pem)
         keyfile.chmod(0o600)
-        config_name = env.get("LOCKSTEP_WEBHOOK_CONFIG_NAME")
-        if config_name:
-            inject_ca_bundle(api_client(), config_name, cert.ca_pem)
+        if webhook.config_name:
+            inject_ca_bundle(api_client(), webhook.config_name, cert.ca_pem)
     settings.admission.server = kopf.WebhookServer(
-        addr=addr, port=port, certfile=str(certfile), pkeyfile=str(keyfile)
+        addr=addr, port=webhook.port, certfile=str(certfile), pkeyfile=str(keyfile)
     )
     # The chart (or the test) owns the webhook configurations; kopf only serves.
     settings.admission.managed = None

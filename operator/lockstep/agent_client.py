@@ -46,16 +46,20 @@ def agent_url(pod_ip: str) -> str:
 # ----------------------------------------------------------------------------- parsing
 
 
-def rank_state_from_json(obj: Mapping[str, Any], *, pod: str) -> RankState:
+def rank_state_from_json(
+    obj: Mapping[str, Any], *, pod: str, agent_now: float | None = None
+) -> RankState:
     """One rank of a `GET /ranks` answer::
 
         {"rank": int, "tp_rank": int, "pid": int, "alive": bool (optional, default true),
          "iteration": int, "updated_at": float,
          "last_decision": null | {"kind", "forward_mode", "batch_size", "rids_hash", "seq"},
          "collective": null | {"op", "group", "seq", "since"},
+         "step": {"since": float | null, "count": int, "recent_s": [float, ...]} (optional),
          "consensus_failure": null | str | {"detected_at", "rank", "first_divergence", ...}}
 
-    Other fields are ignored. A consensus failure given as an object is summarised into a
+    Other fields are ignored. A running step's age is taken against `agent_now` (the
+    answer's own `now`: both from the pod's clock, whatever the operator's says). A consensus failure given as an object is summarised into a
     bounded string. Raises `AgentDataError` naming the pod when a required field is
     missing or has the wrong type.
     """
@@ -80,6 +84,9 @@ def rank_state_from_json(obj: Mapping[str, Any], *, pod: str) -> RankState:
                 since=float(coll_obj["since"]),
             )
         updated = obj.get("updated_at")
+        step = obj.get("step") or {}
+        since = step.get("since")
+        age = None if since is None or agent_now is None else max(0.0, agent_now - float(since))
         return RankState(
             pod=pod,
             rank=_int(obj["rank"]),
@@ -91,6 +98,8 @@ def rank_state_from_json(obj: Mapping[str, Any], *, pod: str) -> RankState:
             collective=collective,
             consensus_failure=_failure_summary(obj.get("consensus_failure")),
             updated_at=None if updated is None else float(updated),
+            step_age_s=age,
+            recent_steps_s=tuple(float(d) for d in step.get("recent_s") or ()),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise AgentDataError(f"pod {pod}: bad rank state: {err!r}") from None
@@ -116,7 +125,10 @@ def report_from_ranks(pod: str, body: Any, epoch: int, error: str | None = None)
     if body is None:
         return AgentReport(pod, None, error)
     items: Any = body
+    agent_now = None
     if isinstance(body, Mapping):
+        raw_now = body.get("now")
+        agent_now = float(raw_now) if isinstance(raw_now, int | float) else None
         crashed = [
             r
             for r in same_epoch_previous(body, epoch)
@@ -126,7 +138,9 @@ def report_from_ranks(pod: str, body: Any, epoch: int, error: str | None = None)
     if not isinstance(items, list):
         return AgentReport(pod, None, f"pod {pod}: expected a list of rank states")
     try:
-        return AgentReport(pod, tuple(rank_state_from_json(i, pod=pod) for i in items))
+        return AgentReport(
+            pod, tuple(rank_state_from_json(i, pod=pod, agent_now=agent_now) for i in items)
+        )
     except AgentDataError as err:
         return AgentReport(pod, None, str(err))
 

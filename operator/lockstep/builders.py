@@ -128,6 +128,17 @@ def _resources(role: RoleSpec) -> Obj:
     return {"requests": requests, "limits": limits}
 
 
+def build_evidence_configmap(pdd: PDDeployment, data: Mapping[str, str]) -> Obj:
+    """The evidence store's ConfigMap (`lockstep.evidence`): one key per incident."""
+    labels = {c.LABEL_COMPONENT: "evidence"}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(pdd, f"{pdd.metadata.name}-evidence", labels),
+        "data": dict(data),
+    }
+
+
 def agent_token_secret_name(pdd: PDDeployment) -> str:
     """The Secret holding the pod agents' restart token."""
     return f"{pdd.metadata.name}-agent-token"
@@ -356,7 +367,7 @@ def _selector_args(selector: Mapping[str, str]) -> list[str]:
 def build_router(pdd: PDDeployment) -> list[Obj]:
     """sglang-router in PD mode with Kubernetes service discovery, and what it needs."""
     router = pdd.spec.router
-    name = f"{pdd.metadata.name}-router"
+    name = router_name(pdd)
     labels = {c.APP_NAME: "sglang-router", c.LABEL_COMPONENT: "router"}
     namespace = pdd.metadata.namespace
     args = [
@@ -453,7 +464,20 @@ def build_router(pdd: PDDeployment) -> list[Obj]:
             "ports": [{"name": "http", "port": c.PORT_ROUTER, "targetPort": "http"}],
         },
     }
-    return [service_account, role, binding, deployment, service]
+    objects: list[Obj] = [service_account, role, binding, deployment, service]
+    for obj in objects:
+        # What the operator compares with the live object to patch it on drift.
+        body = {k: v for k, v in obj.items() if k != "metadata"}
+        obj["metadata"]["annotations"] = {c.ANNOTATION_SPEC_HASH: spec_hash(body)}
+    return objects
+
+
+ROUTER_KINDS = ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
+
+
+def router_name(pdd: PDDeployment) -> str:
+    """The name of every router object of a deployment."""
+    return f"{pdd.metadata.name}-router"
 
 
 def build_all(

@@ -120,13 +120,12 @@ def cmd_crd(args: argparse.Namespace) -> int:
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) until interrupted."""
     import logging
-    import os
 
     import kopf
 
-    os.environ["LOCKSTEP_METRICS_PORT"] = str(args.metrics_port)
-    import lockstep.handlers
+    from lockstep.settings import MEMO_KEY, OperatorConfig, WebhookConfig
 
+    webhook = None
     if args.webhook_port:
         if bool(args.webhook_cert_dir) == bool(args.webhook_self_signed):
             print(
@@ -135,16 +134,26 @@ def cmd_operator(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return EXIT_UNREADABLE
-        os.environ.update(
-            {
-                "LOCKSTEP_WEBHOOK_PORT": str(args.webhook_port),
-                "LOCKSTEP_WEBHOOK_ADDR": args.webhook_addr,
-                "LOCKSTEP_WEBHOOK_CERT_DIR": args.webhook_cert_dir or "",
-                "LOCKSTEP_WEBHOOK_SERVICE": args.webhook_service,
-                "LOCKSTEP_WEBHOOK_NAMESPACE": args.webhook_namespace,
-                "LOCKSTEP_WEBHOOK_CONFIG_NAME": args.webhook_config_name or "",
-            }
+        webhook = WebhookConfig(
+            port=args.webhook_port,
+            addr=args.webhook_addr,
+            cert_dir=args.webhook_cert_dir or None,
+            service=args.webhook_service,
+            namespace=args.webhook_namespace,
+            config_name=args.webhook_config_name or None,
         )
+    config = OperatorConfig(
+        metrics_port=args.metrics_port,
+        resync_seconds=args.resync_seconds,
+        # Exact namespace names: nothing for kopf to discover, so it must not list and
+        # watch namespaces cluster-wide (namespaced RBAC does not grant that).
+        exact_namespaces=bool(args.namespace)
+        and not any(set(ns) & set("*?!,") for ns in args.namespace),
+        webhook=webhook,
+    )
+    import lockstep.handlers
+
+    if webhook is not None:
         import lockstep.admission  # noqa: F401  (registers the webhook handlers)
 
     logging.basicConfig(
@@ -152,11 +161,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
-    if args.namespace and not any(set(ns) & set("*?!,") for ns in args.namespace):
-        # Exact namespace names: nothing for kopf to discover, so it must not list and
-        # watch namespaces cluster-wide (namespaced RBAC does not grant that).
-        os.environ["LOCKSTEP_EXACT_NAMESPACES"] = "1"
     kopf.run(
+        memo=kopf.Memo({MEMO_KEY: config}),
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
         standalone=args.peering is None,
@@ -187,9 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the PDDeployment CRD")
     crd.set_defaults(func=cmd_crd)
 
-    from lockstep.dev.cli import add_parser as add_dev_parser
-
-    add_dev_parser(sub)
+    try:
+        from lockstep.dev.cli import add_parser as add_dev_parser
+    except ImportError:
+        # The images leave the local-cluster wing out (images/*/install*.sh): `lockstep
+        # dev` runs from a source checkout only.
+        pass
+    else:
+        add_dev_parser(sub)
 
     op = sub.add_parser("operator", help="run the operator (kopf) against the current cluster")
     op.add_argument(
@@ -198,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--peering", help="kopf peering name: replicas never act at once")
     op.add_argument("--liveness-port", type=int, default=8080, help="0 disables /healthz")
     op.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
+    op.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=10.0,
+        help="a control round this often even when nothing happened (the safety net; rounds "
+        "run at once on a failed probe, a pod change, a spec change)",
+    )
     op.add_argument("--webhook-port", type=int, help="serve the admission webhooks (HTTPS)")
     op.add_argument("--webhook-addr", default="0.0.0.0", help="webhook listen address")
     op.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key")

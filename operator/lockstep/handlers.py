@@ -1,9 +1,13 @@
 """Every kopf handler of the operator, and nothing else: each delegates at once.
 
 - startup: settings (peering, posting), the shared `Runtime`, the prober task;
-- create/update (spec)/resume of a PDDeployment, and a short timer: one control round
-  (`lockstep.control.run_round`);
-- delete: forget the deployment's probe targets (children go by garbage collection).
+- indexes: the pods and Services of every PDDeployment (labelled with it), fed by kopf's
+  watches: the control rounds read these caches, never list;
+- one daemon per PDDeployment runs its control rounds (`lockstep.control.run_round`):
+  when something happens (a failed probe, a passing probe of a group that is not settled,
+  a change of one of its pods, a spec change, a recovery step that asks to go on) and,
+  as a safety net, every `--resync-seconds` (10);
+- delete: forget the deployment (its children go by garbage collection).
 
 Run with `lockstep operator` (or `kopf run -m lockstep.handlers`).
 """
@@ -11,8 +15,10 @@ Run with `lockstep operator` (or `kopf run -m lockstep.handlers`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
-import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -21,10 +27,12 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from lockstep import constants as c
-from lockstep.control import Runtime, run_round
+from lockstep.control import Runtime, run_round, settled
 from lockstep.kube import Kube
 from lockstep.metrics import Metrics
-from lockstep.prober import ProbeBook, Prober
+from lockstep.prober import ProbeBook, Prober, ProbeSample
+from lockstep.records import ANNOTATION_RESTART
+from lockstep.settings import MEMO_KEY, OperatorConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +41,16 @@ log = logging.getLogger(__name__)
 # benchmarks/prober_capacity.py).
 PROBE_POOL = httpx.Limits(max_connections=100, max_keepalive_connections=20)
 
-# How often a round runs even without a change (the prober's results arrive this way).
-TICK_SECONDS = float(os.environ.get("LOCKSTEP_TICK_SECONDS", "1.0"))
+# A round asked to run again "at once" still waits this long (no busy loop).
+MIN_ROUND_INTERVAL = 0.05
+
+DEPLOYMENT_LABELS: Mapping[str, Any] = {c.LABEL_DEPLOYMENT: kopf.PRESENT}
+
+
+def operator_config(memo: kopf.Memo) -> OperatorConfig:
+    """The CLI's configuration (`lockstep.settings`); defaults under `kopf run`."""
+    config = memo.get(MEMO_KEY)
+    return config if isinstance(config, OperatorConfig) else OperatorConfig()
 
 
 def api_client() -> k8s.ApiClient:
@@ -46,6 +62,19 @@ def api_client() -> k8s.ApiClient:
     return k8s.ApiClient()
 
 
+class Wakers:
+    """One event per PDDeployment: set to run its next round now (from the loop)."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+
+    def event(self, namespace: str | None, name: str) -> asyncio.Event:
+        return self._events.setdefault((str(namespace), name), asyncio.Event())
+
+    def wake(self, namespace: str | None, name: str) -> None:
+        self.event(namespace, name).set()
+
+
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Configure kopf, build the runtime and start the prober."""
@@ -53,24 +82,30 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     settings.watching.server_timeout = 60
     settings.persistence.finalizer = f"{c.GROUP}/finalizer"
     settings.execution.max_workers = 8
-    if os.environ.get("LOCKSTEP_EXACT_NAMESPACES") == "1":
+    config = operator_config(memo)
+    if config.exact_namespaces:
         # Watching exact namespaces: no scan of namespaces (or CRDs) cluster-wide, which
         # a namespaced Role does not allow; the CRD is installed with the chart.
         settings.scanning.disabled = True
     metrics = Metrics()
-    metrics_port = int(os.environ.get("LOCKSTEP_METRICS_PORT", "0"))
-    if metrics_port:
-        metrics.serve(metrics_port)
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
     book = ProbeBook()
     rt = Runtime(kube=Kube(api_client()), book=book, metrics=metrics, http=httpx.Client())
+    wakers = Wakers()
     memo["runtime"] = rt
+    memo["wakers"] = wakers
     client = httpx.AsyncClient(limits=PROBE_POOL)
 
-    def on_sample(sample: Any) -> None:
+    def on_sample(sample: ProbeSample) -> None:
         role = sample.key[2]
         metrics.probes.labels(role, "ok" if sample.ok else "failed").inc()
         if sample.ok and sample.latency_s is not None:
             metrics.probe_latency.labels(role).observe(sample.latency_s)
+        # A failed probe is acted on at once; a passing one only matters to a group
+        # that is starting, recovering or failing.
+        if not sample.ok or not settled(rt, sample.key):
+            wakers.wake(sample.key[0], sample.key[1])
 
     prober = Prober(book, client, on_sample=on_sample)
     stop = asyncio.Event()
@@ -89,36 +124,126 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
         await memo["prober_client"].aclose()
 
 
-def _events(body: kopf.Body) -> Any:
-    def emit(type_: str, reason: str, message: str) -> None:
-        kopf.event(body, type=type_, reason=reason, message=message)
-
-    return emit
+# ----------------------------------------------------------------------- the caches
 
 
-# A failed round is retried soon (the next tick re-plans from the persisted records),
-# not after kopf's default minute: recovery is time-critical.
-@kopf.on.resume(c.GROUP, c.VERSION, c.PLURAL, backoff=2.0)
-@kopf.on.create(c.GROUP, c.VERSION, c.PLURAL, backoff=2.0)
-@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec", backoff=2.0)
-def pddeployment_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A spec was created or changed (or the operator started): one round now."""
+def _snapshot(body: kopf.Body) -> dict[str, Any]:
+    # kopf's body is a view of the watch event's object: keep a plain, private copy.
+    return copy.deepcopy(dict(body))
+
+
+@kopf.index("pods", labels=DEPLOYMENT_LABELS)
+def deployment_pods(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], dict[str, Any]]:
+    """Every pod labelled with a PDDeployment (its SGLang pods and router replicas)."""
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): _snapshot(body)}
+
+
+@kopf.index("services", labels=DEPLOYMENT_LABELS)
+def deployment_services(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], dict[str, Any]]:
+    """Every Service labelled with a PDDeployment (its group Services and router's)."""
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): _snapshot(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=DEPLOYMENT_LABELS)
+def deployment_deployments(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], dict[str, Any]]:
+    """Every apps/v1 Deployment labelled with a PDDeployment (its router)."""
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): _snapshot(body)}
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=DEPLOYMENT_LABELS)
+async def deployment_router_changed(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    """The router's Deployment changed (someone edited it, or it went): reconcile."""
+    memo["wakers"].wake(namespace, labels[c.LABEL_DEPLOYMENT])
+
+
+@kopf.on.event("pods", labels=DEPLOYMENT_LABELS)
+async def deployment_pod_changed(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    """A pod of a deployment changed (or went): its next round now."""
+    memo["wakers"].wake(namespace, labels[c.LABEL_DEPLOYMENT])
+
+
+# ----------------------------------------------------------------------- the rounds
+
+
+def _collect(into: list[tuple[str, str, str]]) -> Callable[[str, str, str], None]:
+    """An event sink for a round's thread; the daemon posts them (kopf's loop)."""
+
+    def sink(type_: str, reason: str, message: str) -> None:
+        into.append((type_, reason, message))
+
+    return sink
+
+
+# A daemon that fails is started again soon (its next round re-plans from the
+# persisted records), not after kopf's default minute: recovery is time-critical.
+@kopf.daemon(c.GROUP, c.VERSION, c.PLURAL, backoff=2.0, cancellation_timeout=10.0)
+async def pddeployment_rounds(
+    body: kopf.Body, name: str, namespace: str | None, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """The control loop of one PDDeployment: a round, then wait for a reason to run one."""
+    deployment_pods: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs["deployment_pods"]
+    deployment_services: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs[
+        "deployment_services"
+    ]
+    deployment_deployments: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs[
+        "deployment_deployments"
+    ]
     rt: Runtime = memo["runtime"]
-    run_round(rt, body, _events(body))
+    resync = operator_config(memo).resync_seconds
+    wake = memo["wakers"].event(namespace, name)
+    while True:
+        wake.clear()
+        events: list[tuple[str, str, str]] = []
+        pods = list(deployment_pods.get((namespace, name), []))
+        services = list(deployment_services.get((namespace, name), []))
+        deployments = list(deployment_deployments.get((namespace, name), []))
+        result = await asyncio.to_thread(
+            run_round, rt, copy.deepcopy(dict(body)), pods, services, _collect(events),
+            deployments,
+        )  # fmt: skip
+        for type_, reason, message in events:
+            kopf.event(body, type=type_, reason=reason, message=message)
+        delay = resync
+        if result is not None and result.requeue_after is not None:
+            delay = min(delay, max(result.requeue_after, MIN_ROUND_INTERVAL))
+        if delay <= MIN_ROUND_INTERVAL:
+            await asyncio.sleep(MIN_ROUND_INTERVAL)
+            continue
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=delay)
+        # Events arriving in a burst (a group's pods changing together) make one round.
+        await asyncio.sleep(MIN_ROUND_INTERVAL)
 
 
-@kopf.timer(
-    c.GROUP, c.VERSION, c.PLURAL, interval=TICK_SECONDS, initial_delay=TICK_SECONDS, backoff=2.0
-)
-def pddeployment_tick(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """The control loop's heartbeat: probe results and pod changes are acted on here."""
-    rt: Runtime = memo["runtime"]
-    run_round(rt, body, _events(body))
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field="spec")
+async def pddeployment_spec_changed(
+    name: str, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
+    """A spec change: the deployment's next round now."""
+    memo["wakers"].wake(namespace, name)
+
+
+@kopf.on.update(c.GROUP, c.VERSION, c.PLURAL, field=["metadata", "annotations", ANNOTATION_RESTART])
+async def pddeployment_restart_requested(
+    name: str, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
+    """A manual restart request (`kubectl annotate pdd NAME lockstep.dev/restart=...`)."""
+    memo["wakers"].wake(namespace, name)
 
 
 @kopf.on.delete(c.GROUP, c.VERSION, c.PLURAL, optional=True)
 def pddeployment_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Children are owned (garbage collection); only the prober's targets remain."""
-    rt: Runtime = memo["runtime"]
+    """Children are owned (garbage collection); only the operator's memory remains."""
     meta = body.get("metadata", {})
-    rt.book.forget(str(meta.get("namespace")), str(meta.get("name")))
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    memo["runtime"].forget(namespace, name)

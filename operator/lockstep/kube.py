@@ -87,7 +87,28 @@ class Kube:
             raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(raw).decode()
 
+    def read_configmap(self, namespace: str, name: str) -> Obj | None:
+        """A ConfigMap as a dict, or None when it is not there (404)."""
+        try:
+            found = self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return _plain(self.api, found)
+
     # ------------------------------------------------------------------ writes
+
+    def apply_configmap(self, obj: Obj) -> None:
+        """Create a ConfigMap, or replace the data of the existing one."""
+        if self.create(obj):
+            return
+        meta = obj["metadata"]
+        self.core.patch_namespaced_config_map(
+            meta["name"],
+            meta.get("namespace", "default"),
+            [{"op": "replace", "path": "/data", "value": obj.get("data") or {}}],
+        )
 
     def create(self, obj: Obj) -> bool:
         """Create an object; False when it already existed (409)."""
@@ -101,6 +122,7 @@ class Kube:
             "Role": self.rbac.create_namespaced_role,
             "RoleBinding": self.rbac.create_namespaced_role_binding,
             "Secret": self.core.create_namespaced_secret,
+            "ConfigMap": self.core.create_namespaced_config_map,
         }
         try:
             creators[kind](ns, obj)
@@ -126,7 +148,16 @@ class Kube:
                 {"op": "replace", "path": "/spec/ports", "value": obj["spec"]["ports"]},
                 {"op": "replace", "path": "/metadata/labels", "value": obj["metadata"]["labels"]},
             ]
+            if obj["metadata"].get("annotations"):
+                ops.append(
+                    {
+                        "op": "add",
+                        "path": "/metadata/annotations",
+                        "value": obj["metadata"]["annotations"],
+                    }
+                )
             self.core.patch_namespaced_service(name, ns, ops)
+            log.info("patched %s %s/%s", kind, ns, name)
             return
         patchers: dict[str, Any] = {
             "Service": self.core.patch_namespaced_service,
@@ -136,6 +167,30 @@ class Kube:
             "RoleBinding": self.rbac.patch_namespaced_role_binding,
         }
         patchers[kind](name, ns, obj)
+        log.info("patched %s %s/%s", kind, ns, name)
+
+    def apply(self, obj: Obj) -> None:
+        """Create an object, or patch the existing one to it."""
+        if not self.create(obj):
+            self.patch(obj)
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete one object of the router's kinds; False when it was not there (404)."""
+        deleters: dict[str, Any] = {
+            "Service": self.core.delete_namespaced_service,
+            "ServiceAccount": self.core.delete_namespaced_service_account,
+            "Deployment": self.apps.delete_namespaced_deployment,
+            "Role": self.rbac.delete_namespaced_role,
+            "RoleBinding": self.rbac.delete_namespaced_role_binding,
+        }
+        try:
+            deleters[kind](name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        log.info("deleted %s %s/%s", kind, namespace, name)
+        return True
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: int) -> bool:
         """Delete one pod by name *and* UID; False when it was already gone or replaced."""

@@ -214,6 +214,35 @@ class SafetySpec(_Model):
     )
 
 
+class StepBoundsSpec(_Model):
+    """How long a model step may run before a group that shows no progress is Hung.
+
+    A hang inside a step cannot be told from a legitimate step until the step has run
+    longer than the longest legitimate one: a group with a rank inside a step younger
+    than max(multiplier x its longest recent step, minSeconds), capped at maxSeconds,
+    is Slow (never restarted). Evidence of a divergence (a consensus failure, different
+    decisions or collectives outside a step, a dead rank) still acts at once.
+    """
+
+    multiplier: float = Field(
+        3.0, ge=1, le=100, description="Times the group's longest recent step a step may run."
+    )
+    min_seconds: int = Field(
+        90,
+        ge=1,
+        le=86400,
+        description="A step is never called hung before this (above your longest legitimate "
+        "step: a first long step has no recent ones to go by).",
+    )
+    max_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=86400,
+        description="A step is always called hung past this (default: "
+        "spec.safety.watchdogTimeoutSeconds, where SGLang's own watchdog ends it).",
+    )
+
+
 class HealthSpec(_Model):
     """The deep probe: a no-op collective across every rank of a group."""
 
@@ -224,6 +253,10 @@ class HealthSpec(_Model):
     )
     startup_grace_seconds: int = Field(
         900, ge=0, le=86400, description="No verdicts this long after a group starts."
+    )
+    step_bounds: StepBoundsSpec = Field(
+        default_factory=StepBoundsSpec,
+        description="How long a model step may run before a group without progress is Hung.",
     )
 
 

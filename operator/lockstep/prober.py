@@ -15,6 +15,8 @@ injected for tests.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import random
 import threading
 import time
@@ -47,7 +49,13 @@ class ProbeTarget:
 
 @dataclass(frozen=True)
 class ProbeSample:
-    """One probe of one group (and, on failure, what the pod agents said)."""
+    """One probe of one group (and, on failure, what the pod agents said).
+
+    `time` is the prober's monotonic clock at the start of the probe, `wall` the same
+    instant on the wall clock (read once, with it: never recomputed from an offset, which
+    drifts), and `id` is the sample's identity, given by the book when it records the
+    sample: a round counts a sample once by it, however often it looks.
+    """
 
     key: GroupKey
     epoch: int
@@ -57,6 +65,8 @@ class ProbeSample:
     error: str | None = None
     detail: dict[str, Any] | None = None
     agents: tuple[RanksAnswer, ...] = ()
+    wall: float | None = None
+    id: str = ""
 
 
 class ProbeBook:
@@ -66,6 +76,10 @@ class ProbeBook:
         self._lock = threading.Lock()
         self._targets: dict[GroupKey, ProbeTarget] = {}
         self._samples: dict[GroupKey, deque[ProbeSample]] = {}
+        # Sample ids: this book's own prefix (a new operator process never reuses an id
+        # a persisted record holds), then a counter.
+        self._prefix = f"{os.getpid():x}.{time.time_ns():x}"
+        self._counter = itertools.count(1)
 
     def set_targets(self, namespace: str, name: str, targets: Iterable[ProbeTarget]) -> None:
         """Replace the targets of one deployment (groups gone are forgotten)."""
@@ -90,12 +104,14 @@ class ProbeBook:
         with self._lock:
             return list(self._targets.values())
 
-    def record(self, sample: ProbeSample) -> None:
-        """Add a sample (ignored when the target is gone or moved to a new epoch)."""
+    def record(self, sample: ProbeSample) -> ProbeSample | None:
+        """Add a sample, giving it its id (None: ignored, the target is gone or moved to a
+        new epoch)."""
         with self._lock:
             target = self._targets.get(sample.key)
             if target is None or target.epoch != sample.epoch:
-                return
+                return None
+            sample = replace(sample, id=f"{self._prefix}.{next(self._counter)}")
             history = self._samples.setdefault(sample.key, deque(maxlen=HISTORY))
             if history and history[-1].agents:
                 # Only the newest sample keeps the agents' answers (the verdict compares it
@@ -103,6 +119,7 @@ class ProbeBook:
                 # rank states of 16 ranks x 32 samples x 1000 groups would be hundreds of MiB.
                 history[-1] = replace(history[-1], agents=())
             history.append(sample)
+            return sample
 
     def samples(self, key: GroupKey) -> list[ProbeSample]:
         """Recent samples of a group, oldest first."""
@@ -119,6 +136,7 @@ class Prober:
     concurrency: int = 64
     tick: float = 0.2
     clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     rng: random.Random = field(default_factory=random.Random)
     on_sample: Callable[[ProbeSample], None] | None = None
@@ -163,15 +181,15 @@ class Prober:
         try:
             async with sem:
                 sample = await self.probe(target)
-            self.book.record(sample)
-            if self.on_sample is not None:
-                self.on_sample(sample)
+            recorded = self.book.record(sample)
+            if recorded is not None and self.on_sample is not None:
+                self.on_sample(recorded)
         finally:
             self._inflight.discard(target.key)
 
     async def probe(self, target: ProbeTarget) -> ProbeSample:
         """One deep probe; on failure, also the rank states of every pod agent."""
-        start = self.clock()
+        start, wall = self.clock(), self.wall_clock()
         ok, error, detail = False, None, None
         try:
             resp = await self.client.get(target.probe_url, timeout=target.timeout)
@@ -185,9 +203,13 @@ class Prober:
             error = f"{type(err).__name__}: {err}"
         latency = self.clock() - start
         if ok:
-            return ProbeSample(target.key, target.epoch, start, True, latency, None, detail)
+            return ProbeSample(
+                target.key, target.epoch, start, True, latency, None, detail, wall=wall
+            )
         agents = await self.read_agents(target)
-        return ProbeSample(target.key, target.epoch, start, False, latency, error, detail, agents)
+        return ProbeSample(
+            target.key, target.epoch, start, False, latency, error, detail, agents, wall=wall
+        )
 
     async def read_agents(self, target: ProbeTarget) -> tuple[RanksAnswer, ...]:
         """Every pod agent's `GET /ranks`, concurrently, each bounded by the timeout."""

@@ -129,3 +129,64 @@ def plan_reconcile(
         ):
             plan.delete_services.append(name)
     return plan
+
+
+@dataclass
+class RouterPlan:
+    """What to do to the router's objects (`builders.build_router`)."""
+
+    create: list[Obj] = field(default_factory=list)
+    patch: list[Obj] = field(default_factory=list)
+    delete: list[tuple[str, str]] = field(default_factory=list)  # kind, name
+
+
+def plan_router(
+    desired: Sequence[Obj], observed: Mapping[tuple[str, str], Obj | None]
+) -> RouterPlan:
+    """Bring the router's watched objects to `desired` (empty: the router is disabled).
+
+    `observed` maps (kind, name) of every watched router object the caller knows of to
+    the live object (None: it does not exist). A desired one is created when missing,
+    patched when its spec-hash annotation differs from the live one's (the spec changed,
+    or someone replaced the object) or when a field a hand edit would change differs
+    (`_shape`: replicas, selector, containers' images, commands and args, Service
+    ports); a live one that is not desired (the router disabled) is
+    deleted. Desired objects of kinds that are not in `observed` are left to the caller.
+    """
+    plan = RouterPlan()
+    wanted = {(o["kind"], o["metadata"]["name"]): o for o in desired}
+    for key, obj in wanted.items():
+        if key not in observed:
+            continue
+        live = observed[key]
+        if live is None:
+            plan.create.append(obj)
+        elif _spec_hash(live) != _spec_hash(obj) or _shape(live) != _shape(obj):
+            plan.patch.append(obj)
+    for key, live in sorted(observed.items()):
+        if key not in wanted and live is not None:
+            plan.delete.append(key)
+    return plan
+
+
+def _shape(obj: Mapping[str, Any]) -> Any:
+    """The fields of a router Deployment or Service that a hand edit changes and the API
+    server never defaults or rewrites (so a patched object compares equal at once and a
+    patch cannot repeat forever)."""
+    spec: Mapping[str, Any] = obj.get("spec") or {}
+    if obj.get("kind") == "Service":
+        ports = [
+            (p.get("name"), p.get("port"), p.get("targetPort")) for p in spec.get("ports") or []
+        ]
+        return (dict(spec.get("selector") or {}), ports)
+    pod = (spec.get("template") or {}).get("spec") or {}
+    containers = [
+        (c.get("name"), c.get("image"), c.get("command"), c.get("args"))
+        for c in pod.get("containers") or []
+    ]
+    return (spec.get("replicas"), containers)
+
+
+def _spec_hash(obj: Mapping[str, Any]) -> str | None:
+    annotations: Mapping[str, str] = (obj.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(c.ANNOTATION_SPEC_HASH)

@@ -76,7 +76,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lockstep.models import GroupState, HealthSpec, Incident, PDDeploymentSpec, RecoverySpec
-from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, PodView, Verdict
+from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, PodView, Verdict, clip_evidence
 
 # A wedged NCCL rank ignores SIGTERM, and the group is restarted as a whole: there is
 # nothing to shut down gracefully, so deletes use a short grace...
@@ -89,6 +89,11 @@ RECHECK_SECONDS = 2.0
 # An in-place restart asks an agent that does not answer (its container may be starting
 # again) once more each round; one still silent this long after the first ask escalates.
 SILENT_AGENT_SECONDS = 15.0
+# A group that turns Suspect and back on its own warns at most this often.
+SUSPECT_EVENT_INTERVAL_SECONDS = 300.0
+# Evidence capture runs in the round that asks for it; one that never reached the
+# evidence store this long after (its store write failed) does not hold the restart up.
+CAPTURE_TIMEOUT_SECONDS = 30.0
 # Restart times kept in the record (the budget window is what matters; this bounds the
 # annotation even for a large budget).
 MAX_RESTART_TIMES = 64
@@ -162,6 +167,7 @@ class Reason(StrEnum):
     READMITTED = "GroupReadmitted"
     QUARANTINED = "GroupQuarantined"
     DEFERRED = "RestartDeferred"
+    EVIDENCE_MISSING = "EvidenceMissing"
 
 
 _VERDICT_REASON = {
@@ -226,6 +232,9 @@ class GroupRecord(_Frozen):
     last_verdict: str | None = None
     last_reason: str | None = None
     last_observed_at: float | None = None
+    # The probe sample last counted (`GroupVerdict.sample`): never counted twice.
+    last_sample: str | None = None
+    last_suspect_event_at: float | None = None
     healthy_since: float | None = None
     incident: IncidentRecord | None = None
     incident_seq: int = 0
@@ -248,6 +257,8 @@ class GroupRecord(_Frozen):
     avoid_nodes: tuple[str, ...] = ()
     # The restart under way rolls out a new pod template: recreate, never in place.
     rollout: bool = False
+    # The open incident's evidence capture was asked for (CapturingEvidence).
+    capture_asked: bool = False
 
     def to_json(self) -> str:
         """The compact JSON stored in the group's annotation."""
@@ -415,6 +426,7 @@ class GroupInput:
     `restart_failures`: pod UID -> why its in-place restart into the record's epoch could
     not be asked (relabel refused, agent unreachable or refusing). `template_changed`:
     the manual request rolls out a new pod template (so the restart must recreate).
+    `captured`: the open incident's evidence was captured (and what it found).
     """
 
     pods: tuple[PodView, ...] = ()
@@ -425,6 +437,18 @@ class GroupInput:
     restart_unreachable: frozenset[str] = frozenset()
     # The manual request rolls a changed pod template out: only new pods apply it.
     template_changed: bool = False
+    # What the evidence store holds for the record's open incident, once captured.
+    captured: CapturedEvidence | None = None
+
+
+@dataclass(frozen=True)
+class CapturedEvidence:
+    """The capture of an incident's evidence is done (`CaptureEvidence` executed): fed
+    back to the planner, which refines the incident's verdict and cause from it once.
+    `cause`: a consensus divergence found in the captured rank states, if any."""
+
+    incident_id: str
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -605,7 +629,7 @@ class _Planner:
         self.rec = self.rec.model_copy(update=changes)
 
     def goto(self, step: Step, **changes: object) -> None:
-        self.update(step=step, step_since=self.now, deferred=None, **changes)
+        self.update(step=step, step_since=self.now, deferred=None, capture_asked=False, **changes)
         self.requeue = 0.0
 
     def event(self, reason: Reason, message: str, *, warning: bool = False) -> None:
@@ -633,6 +657,7 @@ class _Planner:
         if verdict is not None:
             self.update(
                 last_observed_at=verdict.observed_at,
+                last_sample=verdict.sample or self.rec.last_sample,
                 last_verdict=verdict.verdict.value,
                 last_reason=verdict.reason,
             )
@@ -647,6 +672,10 @@ class _Planner:
         v = self.inp.verdict
         if v is None or v.epoch != self.rec.epoch:
             return None
+        if v.sample is not None:
+            # A probe sample counts once, by its identity (a timestamp recomputed from
+            # two clocks drifts, and once made one sample count twice).
+            return None if v.sample == self.rec.last_sample else v
         last = self.rec.last_observed_at
         if last is not None and v.observed_at <= last:
             return None
@@ -762,11 +791,16 @@ class _Planner:
         elif self.rec.step is not Step.SUSPECT:
             self.goto(Step.SUSPECT)
             self.requeue = None
-            self.event(
-                Reason.SUSPECT,
-                f"{v.verdict}: {v.reason} ({failures}/{self.s.health.failure_threshold})",
-                warning=True,
-            )
+            last = self.rec.last_suspect_event_at
+            if last is None or self.now - last >= SUSPECT_EVENT_INTERVAL_SECONDS:
+                # A Suspect that resolves on its own is status, not news: one warning
+                # per group per interval (a verdict always gets its own Event).
+                self.update(last_suspect_event_at=self.now)
+                self.event(
+                    Reason.SUSPECT,
+                    f"{v.verdict}: {v.reason} ({failures}/{self.s.health.failure_threshold})",
+                    warning=True,
+                )
 
     def _reach_verdict(self, v: GroupVerdict, *, leaving_service: bool) -> None:
         first = (
@@ -898,7 +932,24 @@ class _Planner:
     def _on_capturing_evidence(self, v: GroupVerdict | None) -> None:
         incident = self.rec.incident
         diag = self.s.recovery.diagnostics
-        if incident is not None and self.pods():
+        if incident is None or not self.pods():
+            self.goto(Step.AWAITING_RESTART)
+            return
+        captured = self.inp.captured
+        if captured is not None and captured.incident_id == incident.id:
+            self._refine(captured)
+            self.goto(Step.AWAITING_RESTART)
+            return
+        if self.now - self.rec.step_since >= CAPTURE_TIMEOUT_SECONDS:
+            # The capture never reached the evidence store: restart without it.
+            self.event(
+                Reason.EVIDENCE_MISSING,
+                f"no evidence captured after {CAPTURE_TIMEOUT_SECONDS:.0f}s; restarting without",
+                warning=True,
+            )
+            self.goto(Step.AWAITING_RESTART)
+            return
+        if not self.rec.capture_asked:
             self.actions.append(
                 CaptureEvidence(
                     incident.id,
@@ -908,7 +959,36 @@ class _Planner:
                     diag.max_evidence_bytes,
                 )
             )
-        self.goto(Step.AWAITING_RESTART)
+            self.update(capture_asked=True)
+            self.requeue = 0.0  # the capture is done in this round's I/O
+        else:
+            self.again_in(RECHECK_SECONDS)
+
+    def _refine(self, captured: CapturedEvidence) -> None:
+        """The one place an incident's verdict and cause change after it opened: ranks
+        that died because the consensus caught a divergence are a desync (the exit was
+        only its consequence)."""
+        incident = self.rec.incident
+        if incident is None or not captured.cause:
+            return
+        changes: dict[str, object] = {
+            "evidence": _bound(
+                f"cause: {captured.cause}\n{incident.evidence}",
+                self.s.recovery.diagnostics.max_evidence_bytes,
+            )
+        }
+        if incident.verdict == Verdict.RANK_DOWN.value:
+            changes["verdict"] = Verdict.DESYNCED.value
+            changes["reason"] = clip_evidence(captured.cause)
+            self.update(last_verdict=Verdict.DESYNCED.value)
+            self.event(
+                Reason.DESYNCED,
+                f"the ranks went down on a consensus divergence: {captured.cause}",
+                warning=True,
+            )
+        incident = incident.model_copy(update=changes)
+        self.update(incident=incident)
+        self.actions.append(UpdateIncident(self._incident_model(incident)))
 
     def _on_awaiting_restart(self, v: GroupVerdict | None) -> None:
         rec, rs = self.rec, self.s.recovery

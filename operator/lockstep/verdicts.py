@@ -9,7 +9,8 @@ lists them, and — only when the probe failed — the rank states every pod age
 | verdict    | when                                                         | acts         |
 | ---------- | ------------------------------------------------------------ | ------------ |
 | `Healthy`  | the probe passed                                             | —            |
-| `Slow`     | the probe failed but every rank's loop iteration advanced    | never        |
+| `Slow`     | the probe failed but every rank's loop iteration advanced,   | never        |
+|            | or a rank is inside a model step younger than the step bound |              |
 | `Desynced` | a rank reported a consensus failure                          | at once      |
 | `Desynced` | ranks in different collectives or decision sequences         | threshold    |
 | `Hung`     | every rank in the same collective (or none), no progress     | threshold    |
@@ -72,6 +73,7 @@ class Signal(StrEnum):
     CONSENSUS_FAILURE = "consensus-failure"
     AGENT_UNREACHABLE = "agent-unreachable"
     PROGRESS = "progress"
+    IN_STEP = "in-step"
     DIFFERENT_COLLECTIVES = "different-collectives"
     DIFFERENT_DECISIONS = "different-decisions"
     SAME_COLLECTIVE = "same-collective"
@@ -135,11 +137,31 @@ class RankState:
     collective: Collective | None = None
     consensus_failure: str | None = None
     updated_at: float | None = None
+    # Inside a model step (run_batch) for this long (None: not in a step), by the pod's
+    # own clock; and how long its recent steps took.
+    step_age_s: float | None = None
+    recent_steps_s: tuple[float, ...] = ()
 
     @property
     def identity(self) -> tuple[str, int, int | None]:
         """Two samples are comparable only for the same process of the same rank."""
         return (self.pod, self.rank, self.pid)
+
+
+@dataclass(frozen=True)
+class StepBounds:
+    """How long a model step may run before a group that shows no progress is Hung
+    (`spec.health.stepBounds`): `multiplier` times the group's longest recent step,
+    never below `min_seconds`, never above `max_seconds`."""
+
+    multiplier: float = 3.0
+    min_seconds: float = 90.0
+    max_seconds: float = 300.0
+
+    def bound(self, ranks: Iterable[RankState]) -> float:
+        """The longest a step of this group may run and still be legitimate."""
+        longest = max((d for r in ranks for d in r.recent_steps_s), default=0.0)
+        return min(max(self.multiplier * longest, self.min_seconds), self.max_seconds)
 
 
 @dataclass(frozen=True)
@@ -204,6 +226,8 @@ class GroupObservation:
     pods: tuple[PodView, ...] = ()
     agents: tuple[AgentReport, ...] = ()
     restart_baseline: Mapping[str, int] = field(default_factory=dict)
+    # The deep-probe sample this observation is of (`ProbeSample.id`); None: pods only.
+    sample: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,8 +235,9 @@ class GroupVerdict:
     """The classification of one observation.
 
     `immediate` verdicts act on the first observation; the others need
-    `failureThreshold` consecutive failures. `observed_at` and `epoch` let the planner
-    count each observation once and drop verdicts about an epoch it already replaced.
+    `failureThreshold` consecutive failures. `sample` (else `observed_at`) and `epoch`
+    let the planner count each observation once and drop verdicts about an epoch it
+    already replaced.
     """
 
     verdict: Verdict
@@ -226,11 +251,37 @@ class GroupVerdict:
     # Pods the evidence implicates (a divergent or exited rank, a pod down, an agent
     # that did not answer); empty when it implicates none in particular (a hang).
     culprits: frozenset[str] = frozenset()
+    # The probe sample it judged (None: the pods alone): each counts once.
+    sample: str | None = None
 
     @property
     def is_failure(self) -> bool:
         """This observation counts as a failure of the group."""
         return self.verdict.is_failure
+
+
+def progress_baseline(
+    baseline: Sequence[RankState],
+    ranks: Sequence[RankState],
+    verdict: GroupVerdict,
+    probe_ok: bool,
+) -> tuple[RankState, ...]:
+    """The rank states the next failed sample of a group is judged against for progress.
+
+    Cleared when the probe passes. Otherwise kept from the first failed sample of these
+    processes since the group last progressed, not replaced by each new one: a step
+    longer than the probe period shows no progress between two close samples, but does
+    across the failure streak. Replaced when the group progressed (a Slow verdict) or
+    when no process of the baseline is sampled any more (a restarted rank).
+    """
+    if probe_ok:
+        return ()
+    if ranks and (
+        verdict.verdict is Verdict.SLOW
+        or not {r.identity for r in baseline} & {r.identity for r in ranks}
+    ):
+        return tuple(ranks)
+    return tuple(baseline)
 
 
 # ----------------------------------------------------------------------- from Kubernetes
@@ -285,11 +336,14 @@ def classify_group(
     previous: Sequence[RankState] = (),
     *,
     now: float,
+    steps: StepBounds | None = None,
 ) -> GroupVerdict:
     """Classify one observation of a group (see the module docstring for the table).
 
-    `previous` are the rank states of the previous failed observation of the same group,
-    if any; progress is only judged between samples of the same process.
+    `previous` are the rank states of the first failed observation of the current
+    streak, if any; progress is only judged between samples of the same process. A
+    group with a rank inside a model step younger than `steps.bound(...)` is busy, not
+    hung: a hang cannot be told from a legitimate step shorter than the longest one.
     """
     evidence: dict[str, EvidenceValue] = {"probe": _probe_text(obs.probe)}
     signals: set[Signal] = set()
@@ -314,6 +368,7 @@ def classify_group(
             evidence=evidence,
             latency_ms=obs.probe.latency_ms,
             culprits=frozenset(culprits),
+            sample=obs.sample,
         )
 
     # An explicit divergence report is the strongest evidence there is: it names the
@@ -366,6 +421,18 @@ def classify_group(
             False,
             f"deep probe {obs.probe.status} but every rank progressed "
             f"({len(advanced)} ranks advanced their iteration)",
+        )
+    bound = (steps or StepBounds()).bound(ranks)
+    busy = [r for r in ranks if r.step_age_s is not None and r.step_age_s < bound]
+    if busy:
+        signals.add(Signal.IN_STEP)
+        oldest = max(r.step_age_s or 0.0 for r in busy)
+        evidence["step_bound_s"] = round(bound, 1)
+        return verdict(
+            Verdict.SLOW,
+            False,
+            f"deep probe {obs.probe.status} while {len(busy)} rank(s) run a model step "
+            f"(the oldest for {oldest:.1f}s, legitimate up to {bound:.0f}s)",
         )
     if advanced:
         evidence["progressed"] = _bounded(f"{r.pod}/r{r.rank}" for r in advanced)

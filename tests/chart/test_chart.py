@@ -564,11 +564,12 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "pods/status"): {"get", "patch"},
     ("", "pods/log"): {"get"},
     ("", "secrets"): {"get", "create"},
-    ("", "services"): {"list", "create", "patch", "delete"},
-    ("", "serviceaccounts"): {"create"},
-    ("rbac.authorization.k8s.io", "roles"): {"create"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"create"},
-    ("apps", "deployments"): {"create"},
+    ("", "services"): {"list", "watch", "create", "patch", "delete"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "serviceaccounts"): {"create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"create", "patch", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch", "delete"},
+    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create"},
 }
 CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}

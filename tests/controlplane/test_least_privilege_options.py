@@ -98,7 +98,7 @@ def operator_args(objs: list[dict[str, Any]], port: int) -> list[str]:
 
 def start_operator(kubeconfig: Path, args: list[str], log: Path) -> subprocess.Popen[bytes]:
     """`lockstep operator` with exactly these arguments, as the chart's pod runs it."""
-    env = dict(os.environ, KUBECONFIG=str(kubeconfig), LOCKSTEP_TICK_SECONDS="0.5")
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig))
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "lockstep.cli", "operator", *args],

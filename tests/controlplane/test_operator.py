@@ -406,3 +406,66 @@ def test_spec_change_rolls_groups_one_at_a_time_and_scaling_works(env: Env) -> N
         "decode group 1 removed",
     )
     wait_for(lambda: env.status().get("decodeReady") == "1/1", 30, "one decode group")
+
+
+@pytest.mark.timeout(180)
+def test_the_router_objects_follow_spec_router_and_drift_is_undone(env: Env) -> None:
+    apply_small(env)
+    apps, rbac = k8s.AppsV1Api(env.api), k8s.RbacAuthorizationV1Api(env.api)
+    name = f"{NAME}-router"
+
+    def router_args() -> list[str]:
+        try:
+            dep = apps.read_namespaced_deployment(name, env.ns)
+        except k8s.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+            return []
+        return list(dep.spec.template.spec.containers[0].args)
+
+    wait_for(lambda: "round_robin" in router_args(), 60, "the router Deployment")
+    # A changed spec.router is applied (it used to be created once and never patched).
+    env.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        env.ns,
+        PLURAL,
+        NAME,
+        {"spec": {"router": {"policy": "random", "replicas": 2}}},
+    )
+    wait_for(lambda: "random" in router_args(), 30, "the new router policy")
+    assert apps.read_namespaced_deployment(name, env.ns).spec.replicas == 2
+    # Someone edits the router by hand: the operator puts it back.
+    apps.patch_namespaced_deployment(name, env.ns, {"spec": {"replicas": 5}})
+    wait_for(
+        lambda: apps.read_namespaced_deployment(name, env.ns).spec.replicas == 2,
+        30,
+        "the hand edit undone",
+    )
+    # Disabled: every router object goes; enabled again: every one comes back.
+    env.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, env.ns, PLURAL, NAME, {"spec": {"router": {"enabled": False}}}
+    )
+
+    def router_objects() -> set[str]:
+        found = set()
+        for kind, read in (
+            ("Deployment", apps.read_namespaced_deployment),
+            ("Service", env.core.read_namespaced_service),
+            ("ServiceAccount", env.core.read_namespaced_service_account),
+            ("Role", rbac.read_namespaced_role),
+            ("RoleBinding", rbac.read_namespaced_role_binding),
+        ):
+            try:
+                read(name, env.ns)
+                found.add(kind)
+            except k8s.exceptions.ApiException as err:
+                if err.status != 404:
+                    raise
+        return found
+
+    wait_for(lambda: not router_objects(), 30, "every router object deleted")
+    env.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, env.ns, PLURAL, NAME, {"spec": {"router": {"enabled": True}}}
+    )
+    wait_for(lambda: len(router_objects()) == 5, 30, "every router object back")

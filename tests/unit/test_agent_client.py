@@ -181,6 +181,9 @@ def test_the_real_pod_agents_answer_parses_field_for_field(tmp_path: Path) -> No
     live.begin_iteration()
     live.begin_iteration()
     live.record_decision(kind="batch", forward_mode="DECODE", batch_size=3, rids_hash="feed", seq=2)
+    with live.step():
+        pass  # one model step done
+    live.begin_step()  # and the next one running
     live.enter_collective(b"broadcast_pyobj", b"tp:cpu")
     body = PodAgent(state, epoch="4", environ={}).ranks()
     report = report_from_ranks("pod-a", json.loads(json.dumps(body)), 4)
@@ -192,6 +195,9 @@ def test_the_real_pod_agents_answer_parses_field_for_field(tmp_path: Path) -> No
     assert mine.iteration == 2
     assert mine.last_decision == Decision("batch", 2, "DECODE", 3, "feed")
     assert mine.collective is not None and mine.collective.key == ("broadcast_pyobj", "tp:cpu", 1)
+    # The running step's age, by the pod's own clock; the finished one's duration.
+    assert mine.step_age_s is not None and 0.0 <= mine.step_age_s < 5.0
+    assert len(mine.recent_steps_s) == 1 and mine.recent_steps_s[0] < 5.0
     # The crashed incarnation's divergence counts: it ran this epoch.
     assert by_rank[1].consensus_failure is not None and "index 8" in by_rank[1].consensus_failure
     assert consensus_cause([json.dumps(body)], 4) is not None

@@ -28,7 +28,7 @@ class SecretStore:
 def test_the_token_secret_is_made_once_and_made_again_if_deleted() -> None:
     from factories import load_example
 
-    from lockstep.control import agent_token
+    from lockstep.executor import agent_token
     from lockstep.models import parse_pddeployment
 
     store = SecretStore()

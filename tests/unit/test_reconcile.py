@@ -121,3 +121,53 @@ def test_a_missing_pod_or_a_later_epoch_is_not_staleness() -> None:
     fewer = [p for p in pods if p["metadata"]["name"] != "deepseek-v3-decode-0-1"]
     plan = plan_reconcile(pdd, evaluate(pdd.spec), fewer, services, {("decode", 0): 3}, set())
     assert plan.stale_groups == []
+
+
+def test_router_objects_follow_the_spec_drift_and_enabled() -> None:
+    from lockstep.builders import build_router, router_name
+    from lockstep.reconcile import plan_router
+
+    pdd = parse_pddeployment(load_example("pd-small"))
+    name = router_name(pdd)
+    desired = build_router(pdd)
+    by_kind = {o["kind"]: o for o in desired}
+    watched = {("Deployment", name): None, ("Service", name): None}
+    # Missing: created (only the watched kinds are this plan's business).
+    plan = plan_router(desired, watched)
+    assert [o["kind"] for o in plan.create] == ["Deployment", "Service"]
+    assert not plan.patch and not plan.delete
+    # As built: nothing to do.
+    live = {("Deployment", name): by_kind["Deployment"], ("Service", name): by_kind["Service"]}
+    assert plan_router(desired, live) == type(plan)()
+    # A changed router spec (another policy): the Deployment is patched, the Service not.
+    obj = load_example("pd-small")
+    obj["spec"]["router"] = {**obj["spec"].get("router", {}), "policy": "random"}
+    changed = build_router(parse_pddeployment(obj))
+    plan = plan_router(changed, live)
+    assert [o["kind"] for o in plan.patch] == ["Deployment"]
+    assert "random" in plan.patch[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    # Someone edited the live Service (its hash no longer matches): patched back.
+    edited = {
+        **by_kind["Service"],
+        "metadata": {**by_kind["Service"]["metadata"], "annotations": {}},
+    }
+    plan = plan_router(desired, {**live, ("Service", name): edited})
+    assert [o["kind"] for o in plan.patch] == ["Service"]
+    # A hand edit that keeps the annotation (kubectl scale): patched back too.
+    import copy
+
+    scaled = copy.deepcopy(by_kind["Deployment"])
+    scaled["spec"]["replicas"] = 5
+    plan = plan_router(desired, {**live, ("Deployment", name): scaled})
+    assert [o["kind"] for o in plan.patch] == ["Deployment"]
+    # What the API server adds (defaults, status, extra metadata) is not a drift: a
+    # patched object compares equal, so a patch is never repeated round after round.
+    defaulted = copy.deepcopy(by_kind["Deployment"])
+    defaulted["spec"]["strategy"] = {"type": "RollingUpdate"}
+    defaulted["spec"]["template"]["spec"]["containers"][0]["terminationMessagePath"] = "/x"
+    defaulted["status"] = {"replicas": 1}
+    assert plan_router(desired, {**live, ("Deployment", name): defaulted}) == type(plan)()
+    # Disabled: whatever is live goes.
+    plan = plan_router([], live)
+    assert plan.delete == [("Deployment", name), ("Service", name)]
+    assert plan_router([], watched) == type(plan)()

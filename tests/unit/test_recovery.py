@@ -27,6 +27,7 @@ from lockstep.recovery import (
     FORCE_DELETE_AFTER_SECONDS,
     RESTARTING_STEPS,
     Action,
+    CapturedEvidence,
     CaptureEvidence,
     CloseIncident,
     CreateEpoch,
@@ -154,6 +155,9 @@ class Sim:
     pending: set[str] = field(default_factory=set)
     restarted: dict[str, int] = field(default_factory=dict)
     failures: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
+    # The evidence store: incident id -> the cause the capture found (None: none).
+    captured: dict[str, str | None] = field(default_factory=dict)
+    capture_cause: str | None = None
 
     def __post_init__(self) -> None:
         for i in range(self.groups):
@@ -205,6 +209,8 @@ class Sim:
                         self.pending.add(ref.uid)
             elif isinstance(a, OpenIncident | UpdateIncident | CloseIncident):
                 self.incidents[a.incident.id] = a.incident
+            elif isinstance(a, CaptureEvidence):
+                self.captured[a.incident_id] = self.capture_cause
 
     def settle(self) -> None:
         """The kubelet finishes every pending delete and in-place restart."""
@@ -235,9 +241,16 @@ class Sim:
                 restart_failures=self.failures.get((i, self.records[i].epoch), {}),
                 # The fake's agents either answer or are unreachable: never a "no".
                 restart_unreachable=frozenset(self.failures.get((i, self.records[i].epoch), {})),
+                captured=self.captured_for(i),
             )
             for i in range(self.groups)
         }
+
+    def captured_for(self, group: int) -> CapturedEvidence | None:
+        incident = self.records[group].incident
+        if incident is None or incident.id not in self.captured:
+            return None
+        return CapturedEvidence(incident.id, self.captured[incident.id])
 
     def round(
         self,
@@ -433,8 +446,14 @@ TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
      Step.DRAINING, ["SetGate"]),
     ("draining: every gate false", rec(Step.DRAINING, incident=INCIDENT),
      GroupInput(pods(gate=False)), Step.CAPTURING_EVIDENCE, ["EmitEvent"]),
-    ("capturing evidence", rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT),
-     GroupInput(pods(gate=False)), Step.AWAITING_RESTART, ["CaptureEvidence"]),
+    ("capturing evidence: asks once", rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT),
+     GroupInput(pods(gate=False)), Step.CAPTURING_EVIDENCE, ["CaptureEvidence"]),
+    ("capturing evidence: asked, not in the store yet",
+     rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT, capture_asked=True),
+     GroupInput(pods(gate=False)), Step.CAPTURING_EVIDENCE, []),
+    ("capturing evidence: captured", rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT,
+     capture_asked=True), GroupInput(pods(gate=False), captured=CapturedEvidence(INCIDENT.id)),
+     Step.AWAITING_RESTART, []),
     ("awaiting restart: slot free", rec(Step.AWAITING_RESTART, incident=INCIDENT),
      GroupInput(pods(gate=False)), Step.DELETING, ["UpdateIncident"]),
     ("deleting", rec(Step.DELETING, incident=INCIDENT, old_pods=OLD_REFS),
@@ -710,7 +729,7 @@ def test_record_survives_a_restart_mid_recovery_through_its_json() -> None:
     sim.round({0: "desync!"})
     for _ in range(5):
         sim.round()
-    assert sim.step() is Step.WAITING_GONE or sim.step() is Step.CREATING
+    assert sim.step() in (Step.DELETING, Step.WAITING_GONE, Step.CREATING)
     sim.records = {i: GroupRecord.from_json(r.to_json()) for i, r in sim.records.items()}
     sim.recover(0)
     assert sim.records[0].epoch == 1
@@ -818,7 +837,7 @@ def test_the_group_with_the_earliest_verdict_restarts_first() -> None:
 def test_last_group_in_service_is_not_taken_out_while_another_comes_back() -> None:
     sim = Sim(groups=2)
     sim.round({0: "desync!"})
-    for _ in range(8):
+    for _ in range(9):
         sim.round()
     assert sim.step(0) is Step.WAITING_PROBE  # model loading
     for _ in range(3):
@@ -989,7 +1008,7 @@ def test_manual_restart_once_per_request_id() -> None:
 def test_manual_restart_skips_backoff_but_not_the_concurrency_limit() -> None:
     sim = Sim(groups=2)
     sim.round({0: "desync!"})
-    for _ in range(8):
+    for _ in range(9):
         sim.round()
     assert sim.step(0) is Step.WAITING_PROBE
     sim.records[1] = sim.records[1].model_copy(
@@ -1020,7 +1039,7 @@ def test_manual_request_during_a_restart_is_absorbed() -> None:
 def test_a_new_epoch_that_never_passes_counts_as_another_failure() -> None:
     sim = Sim(cfg=settings(base=0))
     sim.round({0: "desync!"})
-    for _ in range(8):
+    for _ in range(9):
         sim.round({0: "timeout"})
     assert sim.step() is Step.WAITING_PROBE
     sim.now += GRACE
@@ -1304,3 +1323,44 @@ def test_a_container_down_when_the_group_is_restarted_is_asked_once_it_runs_agai
     assert [[r.name for r in a.pods] for a in asks] == [["m-decode-0-0"], ["m-decode-0-1"]]
     assert sim.restarted.get(down) == 1 and sim.actions(DeletePods) == []
     assert sim.records[0].mode == "InPlace" and sim.records[0].epoch == 1
+
+
+def test_the_captured_evidence_refines_a_rank_down_into_a_desync_once() -> None:
+    """The planner owns the incident: ranks that died on a consensus divergence are
+    a desync, decided from the captured evidence, in the incident the planner keeps."""
+    sim = Sim()
+    sim.capture_cause = "rank 1 reported a consensus divergence; first divergence: {...}"
+    sim.round({0: "down!"})
+    (opened,) = [a for a in sim.actions(OpenIncident) if isinstance(a, OpenIncident)]
+    assert opened.incident.verdict == "RankDown"
+    sim.recover(0)
+    incident = sim.incidents[opened.incident.id]
+    assert incident.verdict == "Desynced" and incident.state == "Closed"
+    assert incident.evidence.startswith("cause: rank 1 reported a consensus divergence")
+    assert sim.reasons().count("GroupDesynced") == 1
+    updates = [a for a in sim.actions(UpdateIncident) if isinstance(a, UpdateIncident)]
+    verdicts = [u.incident.verdict for u in updates]
+    # RankDown until the capture, Desynced from then on, never back.
+    assert verdicts.index("Desynced") == len(verdicts) - verdicts[::-1].index("RankDown")
+
+
+def test_a_capture_that_never_lands_does_not_hold_the_restart_up() -> None:
+    record = rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT, capture_asked=True)
+    record = record.model_copy(update={"step_since": T0 - 31})
+    plan = plan_group(record, GroupInput(pods(gate=False)), settings(), now=T0)
+    assert plan.record.step is Step.AWAITING_RESTART
+    assert [a.reason for a in plan.actions if isinstance(a, EmitEvent)] == [Reason.EVIDENCE_MISSING]
+
+
+def test_a_suspect_that_resolves_on_its_own_warns_once_per_interval() -> None:
+    sim = Sim()
+    for _ in range(9):  # flapping for 90 s: a failed probe, then a passing one
+        sim.round({0: "timeout"}, dt=5.0)
+        assert sim.step() is Step.SUSPECT
+        sim.round({0: "ok"}, dt=5.0)
+        assert sim.step() is Step.HEALTHY
+    assert sim.reasons().count("GroupSuspect") == 1
+    sim.now += 300
+    sim.round({0: "timeout"})
+    assert sim.reasons().count("GroupSuspect") == 2
+    assert not sim.incidents  # never a verdict

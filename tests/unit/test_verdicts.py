@@ -19,6 +19,7 @@ from lockstep.verdicts import (
     ProbeOutcome,
     RankState,
     Signal,
+    StepBounds,
     Verdict,
     classify_group,
     pod_view_from_k8s,
@@ -415,3 +416,49 @@ def test_pod_view_of_a_fresh_pod_and_a_preempted_one() -> None:
         k8s_pod(conditions=[{"type": "DisruptionTarget", "status": "True"}])
     )
     assert preempted.evicted
+
+
+# ------------------------------------------------------------------ busy is not hung
+
+
+def in_step(age: float, recent: tuple[float, ...] = (0.02,)) -> tuple[RankState, ...]:
+    """No rank advanced since PREV; rank 3 runs a model step `age` seconds old, the
+    others wait for it in the next request broadcast (a skew, not a divergence)."""
+    waiting = tuple(replace(r, collective=BROADCAST, recent_steps_s=recent) for r in PREV[:3])
+    running = replace(PREV[3], step_age_s=age, recent_steps_s=recent)
+    return (*waiting, running)
+
+
+@pytest.mark.parametrize("step_s", [5, 15, 25, 60])
+def test_a_long_step_is_slow_not_hung_under_the_default_bounds(step_s: float) -> None:
+    # The first long step: the recent ones were short, so the floor (90 s) applies.
+    got = classify_group(observe(ranks=in_step(step_s - 1)), PREV, now=NOW)
+    assert got.verdict is Verdict.SLOW and not got.is_failure
+    assert Signal.IN_STEP in got.signals
+    # Once steps that long are the norm, the bound follows them (3 x the longest).
+    later = in_step(step_s * 2.5, recent=(step_s,) * 4)
+    assert classify_group(observe(ranks=later), PREV, now=NOW).verdict is Verdict.SLOW
+
+
+def test_a_step_past_its_bound_is_a_hang() -> None:
+    bounds = StepBounds(multiplier=3, min_seconds=10, max_seconds=300)
+    # Recent steps of 2 s: a step is legitimate up to max(3 x 2, 10) = 10 s.
+    assert (
+        classify_group(
+            observe(ranks=in_step(9.0, recent=(2.0,))), PREV, now=NOW, steps=bounds
+        ).verdict
+        is Verdict.SLOW
+    )
+    stuck = classify_group(observe(ranks=in_step(11.0, recent=(2.0,))), PREV, now=NOW, steps=bounds)
+    assert stuck.verdict is not Verdict.SLOW and stuck.is_failure
+    # The cap holds whatever the recent steps say (SGLang's watchdog ends a step there).
+    capped = StepBounds(multiplier=3, min_seconds=10, max_seconds=120)
+    long_ago = in_step(121.0, recent=(100.0,))
+    assert classify_group(observe(ranks=long_ago), PREV, now=NOW, steps=capped).is_failure
+
+
+def test_divergence_evidence_still_acts_during_a_step() -> None:
+    ranks = in_step(5.0)
+    ranks = (*ranks[:3], replace(ranks[3], consensus_failure="hash mismatch at 51"))
+    got = classify_group(observe(ranks=ranks), PREV, now=NOW)
+    assert got.verdict is Verdict.DESYNCED and got.immediate

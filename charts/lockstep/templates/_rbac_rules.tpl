@@ -15,11 +15,12 @@
 - apiGroups: ["lockstep.dev"]
   resources: ["pddeployments/finalizers"]
   verbs: ["update"]
-# The SGLang pods, one per (role, group, node rank): listed every round, created per
-# epoch, deleted a whole group at once (Recreate restarts, scale-down) and relabelled
-# with the new epoch before an in-place restart. get and watch the operator never calls:
-# it holds them because the router's Role grants them (pods get/list/watch for service
-# discovery), and RBAC lets a user create a Role only with permissions it holds itself.
+# The SGLang pods, one per (role, group, node rank): listed and watched (the operator's
+# cache; control rounds never list), created per epoch, deleted a whole group at once
+# (Recreate restarts, scale-down) and relabelled with the new epoch before an in-place
+# restart. get the operator never calls: it holds it because the router's Role grants
+# it (pods get/list/watch for service discovery), and RBAC lets a user create a Role
+# only with permissions it holds itself.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
@@ -39,25 +40,32 @@
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
-# Each group's headless rendezvous Service (listed every round, its selector and port
-# patched as the epoch moves, deleted on scale-down) and the router's Service (created).
+# Each group's headless rendezvous Service (listed and watched: the operator's cache; its
+# selector and port patched as the epoch moves, deleted on scale-down) and the router's
+# Service (created).
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["list", "create", "patch", "delete"]
-# The router's objects are created once when the router is on (an existing one is kept
-# as it is) and garbage-collected with their PDDeployment, so no read, patch or delete:
-# its ServiceAccount,
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# The evidence store: one ConfigMap <name>-evidence per PDDeployment (owned by it), with
+# what was captured before each restart; read when the operator starts, created, then
+# patched as incidents come and go.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+# The router's objects follow spec.router (owned by the PDDeployment): created when the
+# router is on, patched when the spec changes or someone edited them, deleted when it is
+# turned off. Its ServiceAccount,
 - apiGroups: [""]
   resources: ["serviceaccounts"]
-  verbs: ["create"]
+  verbs: ["create", "patch", "delete"]
 # its Role (pods get/list/watch for service discovery) and RoleBinding,
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["create"]
-# and its Deployment.
+  verbs: ["create", "patch", "delete"]
+# and its Deployment (listed and watched: the operator's cache, so drift shows at once).
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["create"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # An Event for every verdict and action (kopf.event posts a new core/v1 Event each time;
 # it neither patches Events nor uses events.k8s.io).
 - apiGroups: [""]

@@ -73,7 +73,7 @@ class OperatorProcess:
         ]
         if self.namespace:
             args += ["--namespace", self.namespace]
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), LOCKSTEP_TICK_SECONDS="0.5")
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

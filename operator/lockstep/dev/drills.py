@@ -156,6 +156,8 @@ class DrillResult:
     incidents: list[dict[str, Any]] = field(default_factory=list)
     # The `sequence` scenario: the figures of each incident, in order.
     steps: list[dict[str, Any]] = field(default_factory=list)
+    # Warning Events on the deployment during the slow drill (must be 0).
+    warning_events: int = 0
     # Every failed request (latency: how long the client waited), seconds after the
     # first injection.
     failed_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -190,6 +192,7 @@ class Drill:
         router: bool = False,
         recovery_mode: RecoveryMode = "InPlace",
         engine: EngineName = "standin",
+        slow_step_seconds: float = 2.0,
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
         audit log for the least-privilege drill); `router` puts the real sglang-router in
@@ -206,6 +209,7 @@ class Drill:
                 f"{', '.join(REAL_SGLANG_SCENARIOS)}"
             )
         self.engine = engine
+        self.slow_step_seconds = slow_step_seconds
         real = engine == "sglang"
         # A real server loads the model and warms up; three of them share two cores here.
         self.ready_timeout_s = 600.0 if real else 240.0
@@ -465,6 +469,9 @@ class Drill:
                 "prefill": {"env": no_guard},
                 "decode": {"env": no_guard},
             }
+        if self.scenario == "slow":
+            # The slow drill judges the defaults (90 s floor), not the drill's own 10 s.
+            return {"health": {**self._base_health(), "stepBounds": {}}}
         if self.scenario == "flapping":
             return {
                 "recovery": {
@@ -473,6 +480,9 @@ class Drill:
                 }
             }
         return {}
+
+    def _base_health(self) -> dict[str, Any]:
+        return dict(drill_spec()["spec"]["health"])
 
     def _phases(self) -> dict[str, float]:
         """Time in each step of the affected group from the first step change after the
@@ -649,6 +659,11 @@ class Drill:
         inc = self.wait(
             lambda: self.incident(AFFECTED, after=seen), self.timeout_s, "decode/0 re-admitted"
         )
+        if inc.get("verdict") != opened.get("verdict"):
+            self.note(
+                f"verdict refined to {inc.get('verdict')} from the captured evidence: "
+                f"{str(inc.get('evidence', '')).splitlines()[0][:160]}"
+            )
         self.note(f"decode/0 re-admitted in epoch {self.group(AFFECTED).get('epoch')}")
         self._judge_incident(inc)
         after = self.uids(AFFECTED)
@@ -665,8 +680,10 @@ class Drill:
                 (int(self.group(AFFECTED)["epoch"]) == epoch + 1, "the group is in the next epoch"),
                 (after == before, "the same pods (UIDs) came back"),
                 (
-                    all(now.get(uid, 0) > n for uid, n in counts.items()),
-                    f"every container restarted (restart counts {counts} -> {now})",
+                    # Exactly once: the ranks' own exit after a divergence holds the
+                    # container (the launcher's hold) until the operator's restart.
+                    all(now.get(uid, 0) == n + 1 for uid, n in counts.items()),
+                    f"every container restarted exactly once (restart counts {counts} -> {now})",
                 ),
             ]
         else:
@@ -816,20 +833,37 @@ class Drill:
             self.result.reason += "; " + "; ".join(why for ok, why in more if not ok)
 
     def _slow(self) -> None:
+        """Legitimately long steps on every rank of decode/0 (traffic flowing), under the
+        default step bounds: no restart, no incident, no flood of warnings."""
         before = self.uids(AFFECTED)
+        step_s = self.slow_step_seconds
+        warnings_before = self._warnings()
         self.result.injected_at = time.time()
-        self.inject("slow", step_seconds=2.0)
-        deadline = time.time() + 20
+        self.inject("slow", step_seconds=step_s)
+        deadline = time.time() + max(20.0, 3 * step_s + 5)
         while time.time() < deadline:
             self.poll()
             time.sleep(0.5)
         self.inject("none")
+        self.result.warning_events = self._warnings() - warnings_before
         checks = [
             (not self.status().get("incidents"), "no incident"),
             (self.uids(AFFECTED) == before, "no pod restarted"),
             (int(self.group(AFFECTED).get("restarts", 0)) == 0, "no group restart"),
+            (
+                self.result.warning_events == 0,
+                f"{self.result.warning_events} warning Event(s) for a group that only ran "
+                "long steps",
+            ),
         ]
         self._conclude(checks)
+
+    def _warnings(self) -> int:
+        return sum(
+            int(e.get("count") or 1)
+            for e in self.cluster.events(NAMESPACE)
+            if e.get("type") == "Warning" and (e.get("involvedObject") or {}).get("name") == NAME
+        )
 
     def _flapping(self) -> None:
         self.result.injected_at = time.time()

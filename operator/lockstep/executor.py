@@ -1,0 +1,277 @@
+"""The action executor: carries out what the recovery planner decided, in order.
+
+I/O only, no judgement: every action is one of `lockstep.recovery`'s frozen actions and
+every one is idempotent (see that module's contract). The executor works on the round's
+snapshot of the deployment's pods (from the watch-fed cache) and reports back what the
+planner needs next round: in-place restarts that could not be asked
+(`Deps.restart_failures`) and the evidence it captured (`Execution.evidence`, which the
+round writes to the evidence store and feeds back to the planner).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from lockstep import constants as c
+from lockstep.agent_client import UNREACHABLE, AgentClient, consensus_cause
+from lockstep.builders import agent_token_secret_name, build_agent_token_secret
+from lockstep.evidence import EvidenceEntry
+from lockstep.kube import Kube
+from lockstep.metrics import Metrics
+from lockstep.models import PDDeployment
+from lockstep.recovery import (
+    Action,
+    CaptureEvidence,
+    CloseIncident,
+    CreateEpoch,
+    DeletePods,
+    EmitEvent,
+    OpenIncident,
+    RestartInPlace,
+    SetGate,
+)
+from lockstep.router_workers import sync_router_workers
+
+log = logging.getLogger(__name__)
+
+EventSink = Callable[[str, str, str], None]  # type (Normal|Warning), reason, message
+GroupId = tuple[str, int]
+# Pods whose in-place restart could not be asked, per (ns, name, role, group, epoch):
+# pod UID -> (why, the agent could not be reached at all).
+RestartFailures = dict[tuple[str, str, str, int, int], dict[str, tuple[str, bool]]]
+
+
+@dataclass
+class Deps:
+    """What the executor shares across rounds (owned by the control runtime)."""
+
+    kube: Kube
+    agents: AgentClient
+    metrics: Metrics
+    restart_failures: RestartFailures = field(default_factory=dict)
+    # The agent-token of each deployment (by namespace, name, uid), read or made once.
+    agent_tokens: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def token_key(pdd: PDDeployment, namespace: str) -> tuple[str, str, str]:
+    return (namespace, pdd.metadata.name, pdd.metadata.uid or "")
+
+
+def agent_token(deps: Deps, pdd: PDDeployment, namespace: str, *, fresh: bool = False) -> str:
+    """The deployment's pod-agent restart token: read from its Secret, or made (a fresh
+    random token in a new Secret owned by the PDDeployment) when there is none. `fresh`:
+    read the Secret even if the token is cached (before pods are created: a deleted
+    Secret is made again, a replaced one is followed)."""
+    key = token_key(pdd, namespace)
+    token = None if fresh else deps.agent_tokens.get(key)
+    if token is not None:
+        return token
+    name = agent_token_secret_name(pdd)
+    token = deps.kube.read_secret_key(namespace, name, c.AGENT_TOKEN_KEY)
+    if token is None:
+        made = secrets.token_urlsafe(32)
+        if deps.kube.create(build_agent_token_secret(pdd, made)):
+            token = made
+        else:  # created meanwhile (another round, a peer): use that one
+            token = deps.kube.read_secret_key(namespace, name, c.AGENT_TOKEN_KEY)
+            if token is None:
+                raise RuntimeError(f"Secret {namespace}/{name} vanished while being made")
+    deps.agent_tokens[key] = token
+    return token
+
+
+def _short(err: Exception) -> str:
+    status = getattr(err, "status", None)
+    reason = getattr(err, "reason", None)
+    if status is not None:
+        return f"HTTP {status} {reason or ''}".strip()
+    return f"{type(err).__name__}: {err}"[:200]
+
+
+@dataclass
+class Execution:
+    """One round's execution for one PDDeployment."""
+
+    deps: Deps
+    pdd: PDDeployment
+    namespace: str
+    events: EventSink
+    pods: Sequence[Mapping[str, Any]]  # the deployment's pods (cache snapshot), any kind
+    incident_epochs: Mapping[str, int] = field(default_factory=dict)  # incident id -> epoch
+    create_groups: set[GroupId] = field(default_factory=set)
+    epochs: dict[GroupId, int] = field(default_factory=dict)
+    avoid_nodes: dict[GroupId, tuple[str, ...]] = field(default_factory=dict)
+    # What the captures of this round found, by incident id (for the evidence store).
+    evidence: dict[str, EvidenceEntry] = field(default_factory=dict)
+
+    def execute(self, role: str, group: int, actions: Sequence[Action]) -> None:
+        """Carry out one group's actions, in order."""
+        metrics = self.deps.metrics
+        for action in actions:
+            if isinstance(action, SetGate):
+                self._set_gate(action)
+            elif isinstance(action, CaptureEvidence):
+                self._capture(action)
+            elif isinstance(action, DeletePods):
+                self.deps.kube.delete_pods(
+                    self.namespace, [(p.name, p.uid) for p in action.pods], action.grace_seconds
+                )
+                metrics.restarts.labels(role).inc()
+            elif isinstance(action, RestartInPlace):
+                self._restart_in_place(role, group, action)
+                metrics.restarts.labels(role).inc()
+            elif isinstance(action, CreateEpoch):
+                self.create_groups.add((role, group))
+                self.epochs[(role, group)] = action.epoch
+                if action.avoid_nodes:
+                    self.avoid_nodes[(role, group)] = action.avoid_nodes
+            elif isinstance(action, OpenIncident):
+                inc = action.incident
+                if inc.time_to_detect_seconds is not None:
+                    metrics.time_to_detect.labels(role).observe(inc.time_to_detect_seconds)
+                    metrics.verdicts.labels(role, inc.verdict).inc()
+            elif isinstance(action, CloseIncident):
+                inc = action.incident
+                if inc.time_to_recover_seconds is not None:
+                    metrics.time_to_recover.labels(role).observe(inc.time_to_recover_seconds)
+            elif isinstance(action, EmitEvent):
+                self.events(
+                    "Warning" if action.warning else "Normal", str(action.reason), action.message
+                )
+
+    # -- in place
+
+    def _restart_in_place(self, role: str, group: int, action: RestartInPlace) -> None:
+        """Relabel every pod with the new epoch, then ask every pod agent to restart into
+        it at the same moment. What could not be asked is remembered for the planner."""
+        deps = self.deps
+        key = (self.namespace, self.pdd.metadata.name, role, group, action.epoch)
+        with deps.lock:
+            failures = deps.restart_failures.setdefault(key, {})
+            # A fresh ask of these pods: what an earlier ask of them met no longer counts.
+            for ref in action.pods:
+                failures.pop(ref.uid, None)
+        try:
+            token = agent_token(deps, self.pdd, self.namespace)
+        except Exception as err:
+            for ref in action.pods:
+                failures[ref.uid] = (f"restart token unavailable: {_short(err)}", False)
+            return
+        ips = {p["metadata"]["name"]: (p.get("status") or {}).get("podIP") for p in self.pods}
+        asks: list[tuple[str, str, str]] = []  # (uid, name, pod IP)
+        for ref in action.pods:
+            try:
+                deps.kube.relabel_pod(
+                    self.namespace, ref.name, ref.uid, {c.LABEL_EPOCH: str(action.epoch)}
+                )
+            except Exception as err:
+                failures[ref.uid] = (f"relabel refused: {_short(err)}", False)
+                continue
+            ip = ips.get(ref.name)
+            if not ip:
+                failures[ref.uid] = ("the pod has no IP", True)
+                continue
+            asks.append((ref.uid, ref.name, ip))
+        if not asks:
+            return
+
+        def ask(item: tuple[str, str, str]) -> tuple[str, tuple[str, bool] | None]:
+            uid, _, ip = item
+            answer = deps.agents.restart(ip, action.epoch, action.reason, token)
+            if answer.accepted:
+                return uid, None
+            if answer.unauthorized:
+                # The Secret may have been replaced: read it again next time.
+                deps.agent_tokens.pop(token_key(self.pdd, self.namespace), None)
+            return uid, (answer.error or "refused", answer.silent)
+
+        # Every agent in the same moment: the ranks of the group go down together.
+        with ThreadPoolExecutor(max_workers=min(len(asks), 32)) as pool:
+            for uid, error in pool.map(ask, asks):
+                if error is not None:
+                    failures[uid] = error
+        for uid, name, _ in asks:
+            if uid in failures:
+                log.warning("in-place restart of %s not accepted: %s", name, failures[uid][0])
+
+    # -- drain and re-admit
+
+    def _set_gate(self, action: SetGate) -> None:
+        reason = "GroupHealthy" if action.value else "GroupDrained"
+        message = (
+            "the group's deep probe passed"
+            if action.value
+            else "lockstep drained the group before restarting it"
+        )
+        if not action.value:  # out of every router first: no request lands in between
+            self._sync_routers(action, admit=False)
+        for pod in action.pods:
+            try:
+                self.deps.kube.set_pod_condition(
+                    self.namespace, pod.name, c.READINESS_GATE, action.value, reason, message
+                )
+            except Exception as err:  # a pod gone meanwhile: the planner re-checks
+                log.warning("gate %s on %s: %s", action.value, pod.name, err)
+        if action.value:
+            self._sync_routers(action, admit=True)
+
+    def _sync_routers(self, action: SetGate, *, admit: bool) -> None:
+        """sglang-router does not follow readiness (see router_workers): besides the gate,
+        remove the group's workers from every router replica, or add them back."""
+        if not self.pdd.spec.router.enabled:
+            return
+        names = {p.name for p in action.pods}
+        pods = [p for p in self.pods if p["metadata"]["name"] in names]
+        routers = [
+            p
+            for p in self.pods
+            if ((p.get("metadata") or {}).get("labels") or {}).get(c.LABEL_COMPONENT) == "router"
+        ]
+        verb = "admit" if admit else "drain"
+        for problem in sync_router_workers(self.deps.agents.http, pods, routers, admit=admit):
+            log.warning("router %s of %s: %s", verb, sorted(names), problem)
+
+    # -- evidence
+
+    def _capture(self, action: CaptureEvidence) -> None:
+        """Rank states, stacks and log tails of every pod, bounded, for the evidence
+        store; a consensus divergence found in them is reported as the cause."""
+        by_name = {p["metadata"]["name"]: p for p in self.pods}
+        agents = self.deps.agents
+
+        def one(name: str) -> tuple[list[str], str | None]:
+            parts: list[str] = []
+            ranks_text: str | None = None
+            ip = ((by_name.get(name) or {}).get("status") or {}).get("podIP")
+            if ip:
+                ranks_text = agents.evidence(ip, "/ranks")
+                parts.append(f"[{name}] ranks: {ranks_text}")
+                # An agent that did not answer /ranks will not dump stacks either.
+                if action.stacks and not ranks_text.startswith(UNREACHABLE):
+                    parts.append(f"[{name}] stacks: {agents.evidence(ip, '/stacks')}")
+            if action.log_lines:
+                try:
+                    logs = self.deps.kube.core.read_namespaced_pod_log(
+                        name, self.namespace, tail_lines=action.log_lines
+                    )
+                    parts.append(f"[{name}] log:\n{logs}")
+                except Exception as err:
+                    parts.append(f"[{name}] log: unavailable ({type(err).__name__})")
+            return parts, ranks_text
+
+        # Every pod at once: one silent agent must not hold up the others' evidence.
+        with ThreadPoolExecutor(max_workers=min(len(action.pods), 16) or 1) as pool:
+            results = list(pool.map(one, [ref.name for ref in action.pods]))
+        captured = "\n".join(part for found, _ in results for part in found)
+        answers = [text for _, text in results if text is not None]
+        epoch = self.incident_epochs.get(action.incident_id, 0)
+        self.evidence[action.incident_id] = EvidenceEntry(
+            captured=captured[: action.max_bytes], cause=consensus_cause(answers, epoch)
+        )

@@ -1,0 +1,38 @@
+"""The operator's configuration: one typed object, built by the CLI from its flags and
+handed to the kopf handlers through kopf's `memo` (never through environment writes).
+
+`lockstep operator --help` documents every field; the chart sets them as flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# kopf's memo key the configuration travels under.
+MEMO_KEY = "config"
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    """The admission webhook's server (`lockstep.admission`)."""
+
+    port: int
+    addr: str = "0.0.0.0"
+    # cert-manager's tls.crt/tls.key, or None for a self-signed certificate whose CA the
+    # operator injects into `config_name`'s webhook configurations.
+    cert_dir: str | None = None
+    service: str = "lockstep-webhook"
+    namespace: str = "default"
+    config_name: str | None = None
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything the running operator is configured with."""
+
+    metrics_port: int = 0  # 0: no /metrics
+    # A control round this often even when nothing woke it (the safety net).
+    resync_seconds: float = 10.0
+    # Watching exact namespaces: kopf must not list namespaces (or CRDs) cluster-wide.
+    exact_namespaces: bool = False
+    webhook: WebhookConfig | None = None

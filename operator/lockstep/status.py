@@ -1,0 +1,291 @@
+"""Status, derived: what `kubectl get pdd` and `kubectl describe pdd` show.
+
+Pure. The status of a PDDeployment is a function of the spec and policy, the group
+records and the incident history the recovery planner keeps (`lockstep.records`), the
+evidence store's entries (`lockstep.evidence`), the pods, and the prober's last sample
+of each group. Nothing is read back from the status itself except each condition's
+`lastTransitionTime` (kept while the condition's status does not change).
+
+`status_changed` says whether a patch is needed: a status that differs only in how fresh
+its last-probe figures are is patched at most every `PROBE_REFRESH_SECONDS`, so a
+healthy deployment costs the API server nothing between resyncs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lockstep import constants as c
+from lockstep.evidence import EvidenceEntry
+from lockstep.models import (
+    Condition,
+    GroupStatus,
+    Incident,
+    PDDeployment,
+    PDDeploymentStatus,
+    PolicyFinding,
+    ProbeResult,
+    RoleStatus,
+)
+from lockstep.policy import PolicyResult
+from lockstep.recovery import GroupRecord, Step, status_state
+from lockstep.verdicts import pod_view_from_k8s
+
+GroupId = tuple[str, int]  # role, group
+PROBE_REFRESH_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class LastProbe:
+    """The prober's last sample of a group (wall-clock time)."""
+
+    ok: bool
+    at: float
+    latency_s: float | None = None
+    error: str | None = None
+
+
+def rfc3339(ts: float) -> str:
+    """A UNIX time as RFC 3339 (UTC)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    old: Sequence[Mapping[str, Any]],
+    type_: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    now: float,
+    generation: int | None,
+) -> dict[str, Any]:
+    """A condition, keeping its lastTransitionTime while its status stays the same."""
+    status = "True" if ok else "False"
+    prev = next((x for x in old if x.get("type") == type_), None)
+    since = prev.get("lastTransitionTime") if prev and prev.get("status") == status else None
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message[:1000],
+        last_transition_time=since or rfc3339(now),
+        observed_generation=generation,
+    ).model_dump(by_alias=True, exclude_none=True)
+
+
+def _findings(policy: PolicyResult) -> list[PolicyFinding]:
+    return [
+        PolicyFinding(
+            rule=f.rule,
+            severity=f.severity,
+            field=f.field,
+            message=f.message,
+            fix=f.fix,
+            action=f.action,
+        )
+        for f in policy.findings
+        if f.severity != "info"
+    ]
+
+
+def _label(obj: Mapping[str, Any], key: str) -> str | None:
+    labels: Mapping[str, str] = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(key)
+
+
+def incident_view(
+    incident: Incident, record: GroupRecord | None, entry: EvidenceEntry | None, max_bytes: int
+) -> dict[str, Any]:
+    """One incident as status shows it: as the planner reported it, with its evidence.
+    An open incident's figures come from the planner's own record (the freshest)."""
+    view = incident.model_dump(by_alias=True, exclude_none=True)
+    summary = (
+        record.incident.evidence
+        if record is not None and record.incident is not None and record.incident.id == incident.id
+        else (entry.verdict if entry is not None else "")
+    )
+    shown = EvidenceEntry(summary, entry.captured if entry else None).render(max_bytes)
+    view["evidence"] = shown
+    return view
+
+
+def derive_status(
+    pdd: PDDeployment,
+    policy: PolicyResult,
+    old_conditions: Sequence[Mapping[str, Any]],
+    records: Mapping[str, GroupRecord],
+    incidents: Mapping[str, Incident],
+    evidence: Mapping[str, EvidenceEntry],
+    pods: Mapping[GroupId, Sequence[Mapping[str, Any]]],
+    probes: Mapping[GroupId, LastProbe],
+    now: float,
+) -> dict[str, Any]:
+    """The whole status of an accepted PDDeployment (see the module docstring)."""
+    gen = pdd.metadata.generation
+    roles: dict[str, RoleStatus] = {}
+    for role in c.ROLES:
+        groups = []
+        for rec in sorted(records.values(), key=lambda r: r.index):
+            if rec.role != role:
+                continue
+            current = [
+                p
+                for p in pods.get((role, rec.index), [])
+                if _label(p, c.LABEL_EPOCH) == str(rec.epoch)
+            ]
+            last = probes.get((role, rec.index))
+            groups.append(
+                GroupStatus(
+                    index=rec.index,
+                    state=status_state(rec),
+                    epoch=rec.epoch,
+                    restarts=rec.restarts,
+                    ready_pods=sum(pod_view_from_k8s(p).ready for p in current),
+                    pods=len(current),
+                    consecutive_failures=rec.failures,
+                    last_probe=None
+                    if last is None
+                    else ProbeResult(
+                        ok=last.ok,
+                        time=rfc3339(last.at),
+                        latency_ms=None
+                        if last.latency_s is None
+                        else round(last.latency_s * 1000, 3),
+                        error=last.error,
+                    ),
+                    last_restart_time=None
+                    if rec.last_restart_at is None
+                    else rfc3339(rec.last_restart_at),
+                    message=rec.last_reason,
+                )
+            )
+        replicas = 0 if pdd.spec.paused else pdd.spec.role(role).replicas
+        roles[role] = RoleStatus(
+            replicas=replicas,
+            ready_groups=sum(g.state == "Healthy" for g in groups),
+            groups=groups,
+            effective_args=list(policy.roles[role].argv),
+        )
+    total = sum(r.replicas for r in roles.values())
+    ready_all = sum(r.ready_groups for r in roles.values())
+    quarantined = [f"{r.role}/{r.index}" for r in records.values() if r.step is Step.QUARANTINED]
+    recovering = [
+        f"{r.role}/{r.index}"
+        for r in records.values()
+        if status_state(r) in ("Recovering", "Starting")
+    ]
+    broken = [
+        f"{r.role}/{r.index}"
+        for r in records.values()
+        if status_state(r) in ("Desynced", "Hung", "RankDown", "Suspect")
+    ]
+    conditions = [
+        condition(
+            old_conditions,
+            "Ready",
+            total > 0 and ready_all == total,
+            "AllGroupsHealthy" if ready_all == total else "GroupsNotReady",
+            f"{ready_all}/{total} groups healthy",
+            now,
+            gen,
+        ),
+        condition(
+            old_conditions,
+            "Progressing",
+            bool(recovering),
+            "GroupsStarting" if recovering else "Stable",
+            ", ".join(recovering) or "no group starting or recovering",
+            now,
+            gen,
+        ),
+        condition(
+            old_conditions,
+            "Degraded",
+            bool(quarantined or broken),
+            "GroupsQuarantined" if quarantined else ("GroupsBroken" if broken else "AsExpected"),
+            (f"quarantined: {', '.join(quarantined)}; " if quarantined else "")
+            + (f"broken: {', '.join(broken)}" if broken else ""),
+            now,
+            gen,
+        ),
+        condition(
+            old_conditions,
+            "FlagsAdjusted",
+            policy.adjusted,
+            "PolicyAdjusted" if policy.adjusted else "NoAdjustment",
+            "; ".join(
+                f"{f.rule}: {f.field}"
+                for f in policy.findings
+                if f.action == "adjusted" and f.severity != "info"
+            )
+            or "no flag adjusted",
+            now,
+            gen,
+        ),
+    ]
+    by_incident = {r.incident.id: r for r in records.values() if r.incident is not None}
+    max_bytes = pdd.spec.recovery.diagnostics.max_evidence_bytes
+    shown = [
+        incident_view(i, by_incident.get(i.id), evidence.get(i.id), max_bytes)
+        for i in incidents.values()
+    ]
+    status = PDDeploymentStatus(
+        observed_generation=gen,
+        conditions=[Condition.model_validate(x) for x in conditions],
+        prefill=roles["prefill"],
+        decode=roles["decode"],
+        prefill_ready=f"{roles['prefill'].ready_groups}/{roles['prefill'].replicas}",
+        decode_ready=f"{roles['decode'].ready_groups}/{roles['decode'].replicas}",
+        open_incidents=sum(i.get("state") == "Open" for i in shown),
+        incidents=[Incident.model_validate(i) for i in shown],
+        findings=_findings(policy),
+    )
+    return status.model_dump(by_alias=True, exclude_none=True)
+
+
+def invalid_status(
+    generation: int | None,
+    old_conditions: Sequence[Mapping[str, Any]],
+    message: str,
+    now: float,
+    policy: PolicyResult | None = None,
+) -> dict[str, Any]:
+    """The status of a spec that can never work: Ready False with the reason."""
+    ready = condition(old_conditions, "Ready", False, "InvalidSpec", message, now, generation)
+    rest = [dict(x) for x in old_conditions if x.get("type") != "Ready"]
+    status: dict[str, Any] = {"observedGeneration": generation, "conditions": [ready, *rest]}
+    if policy is not None:
+        status["findings"] = [f.model_dump(by_alias=True) for f in _findings(policy)]
+    return status
+
+
+def _without_probe_freshness(status: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(status)
+    for role in c.ROLES:
+        role_status = out.get(role)
+        if not isinstance(role_status, Mapping):
+            continue
+        groups = []
+        for g in role_status.get("groups") or []:
+            g = dict(g)
+            probe = g.get("lastProbe")
+            if isinstance(probe, Mapping):
+                # Whether it passed counts; when, and how fast, only every so often.
+                g["lastProbe"] = {k: v for k, v in probe.items() if k in ("ok", "error")}
+            groups.append(g)
+        out[role] = {**role_status, "groups": groups}
+    return out
+
+
+def status_changed(
+    new: Mapping[str, Any], old: Mapping[str, Any] | None, old_at: float | None, now: float
+) -> bool:
+    """Whether `new` must be patched over `old` (patched at `old_at`)."""
+    if old is None or old_at is None:
+        return True
+    if _without_probe_freshness(new) != _without_probe_freshness(old):
+        return True
+    return new != old and now - old_at >= PROBE_REFRESH_SECONDS
