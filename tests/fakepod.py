@@ -143,6 +143,13 @@ class FakePod:
                 elif port == HTTP_PORT and self.path == "/health":
                     self._send(200, {})
                 elif port == AGENT_PORT and self.path == "/ranks":
+                    # Guarded as the runtime's agent guards it (403 with no token set).
+                    if pod.token is None:
+                        self._send(403, {"error": "disabled: no token"})
+                        return
+                    if self.headers.get("Authorization") != f"Bearer {pod.token}":
+                        self._send(401, {"error": "bad token"})
+                        return
                     self._send(
                         200,
                         {

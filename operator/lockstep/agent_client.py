@@ -189,12 +189,17 @@ class RestartAnswer:
     unauthorized: bool = False
 
 
+def _bearer(token: str) -> dict[str, str]:
+    # No token known: ask without one (the agent answers 401/403, which is the truth).
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 async def read_ranks_async(
-    client: httpx.AsyncClient, pod: str, base_url: str, timeout: float
+    client: httpx.AsyncClient, pod: str, base_url: str, timeout: float, token: str
 ) -> RanksAnswer:
     """`GET /ranks` of one agent (the prober's path), bounded by `timeout`."""
     try:
-        resp = await client.get(f"{base_url}/ranks", timeout=timeout)
+        resp = await client.get(f"{base_url}/ranks", timeout=timeout, headers=_bearer(token))
     except httpx.HTTPError as err:
         return RanksAnswer(pod, None, f"{type(err).__name__}: {err}")
     return _ranks_answer(pod, resp)
@@ -206,24 +211,32 @@ class AgentClient:
     def __init__(self, http: httpx.Client) -> None:
         self.http = http
 
-    def ranks(self, pod: str, pod_ip: str, timeout: float = 1.0) -> RanksAnswer:
+    def ranks(self, pod: str, pod_ip: str, token: str, timeout: float = 1.0) -> RanksAnswer:
         """`GET /ranks` of one agent."""
         try:
-            resp = self.http.get(f"{agent_url(pod_ip)}/ranks", timeout=timeout)
+            resp = self.http.get(
+                f"{agent_url(pod_ip)}/ranks", timeout=timeout, headers=_bearer(token)
+            )
         except httpx.HTTPError as err:
             return RanksAnswer(pod, None, f"{type(err).__name__}: {err}")
         return _ranks_answer(pod, resp)
 
-    def evidence(self, pod_ip: str, route: str) -> str:
+    def evidence(self, pod_ip: str, route: str, token: str) -> str:
         """The raw answer of `GET /ranks` or `POST /stacks`, bounded, for an incident's
-        evidence; `unreachable (...)` when the agent did not answer."""
+        evidence; `unreachable (...)` when the agent did not answer, `HTTP <status>: ...`
+        when it refused."""
         method = "POST" if route == "/stacks" else "GET"
         try:
             resp = self.http.request(
-                method, f"{agent_url(pod_ip)}{route}", timeout=httpx.Timeout(15.0, connect=3.0)
+                method,
+                f"{agent_url(pod_ip)}{route}",
+                timeout=httpx.Timeout(15.0, connect=3.0),
+                headers=_bearer(token),
             )
         except httpx.HTTPError as err:
             return f"{UNREACHABLE} ({type(err).__name__}: {err})"
+        if resp.status_code != 200:
+            return f"HTTP {resp.status_code}: {resp.text}"[:MAX_ANSWER_CHARS]
         return resp.text[:MAX_ANSWER_CHARS]
 
     def restart(self, pod_ip: str, epoch: int, reason: str, token: str) -> RestartAnswer:
@@ -232,7 +245,7 @@ class AgentClient:
             resp = self.http.post(
                 f"{agent_url(pod_ip)}/restart",
                 json={"epoch": str(epoch), "reason": reason},
-                headers={"Authorization": f"Bearer {token}"},
+                headers=_bearer(token),
                 timeout=5.0,
             )
         except httpx.HTTPError as err:

@@ -245,8 +245,11 @@ def _group_pods(
         leader = rank == 0
         # Only rank 0 serves HTTP, and its readiness is the deep probe: SGLang answers
         # /model_info while it still warms up, and /health runs a generation each time.
-        # The other ranks' readiness is their pod agent.
-        probe_path, probe_port = (LEADER_READINESS_PATH, "http") if leader else ("/ranks", "agent")
+        # The other ranks' readiness is their pod agent's /healthz (its other routes need
+        # the operator's token, which a kubelet probe cannot carry).
+        probe_path, probe_port = (
+            (LEADER_READINESS_PATH, "http") if leader else ("/healthz", "agent")
+        )
         container: Obj = {
             "name": "sglang",
             "image": pdd.spec.image,

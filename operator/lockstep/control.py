@@ -204,8 +204,10 @@ def observe_group(
     expected_pods: int,
     now: float,
     steps: StepBounds | None = None,
+    token: Callable[[], str] = lambda: "",
 ) -> GroupVerdict | None:
-    """This round's verdict of a group, or None when nothing new was observed."""
+    """This round's verdict of a group, or None when nothing new was observed. `token`
+    gives the deployment's pod-agent token (read only when an agent is asked)."""
     epoch = record.epoch if record is not None else 0
     views = tuple(pod_view_from_k8s(p) for p in pods)
     samples = [s for s in rt.book.samples(key) if s.epoch == epoch]
@@ -242,7 +244,7 @@ def observe_group(
     # A rank is down. If it went down because the consensus caught a divergence, its pod
     # agent still has the evidence (in the crashed incarnation's states): that is the
     # cause to report, not the exit it led to.
-    agents = _read_agents(rt, pods, epoch)
+    agents = _read_agents(rt, pods, epoch, token())
     if any(a.ranks and any(r.consensus_failure for r in a.ranks) for a in agents):
         obs = GroupObservation(epoch, expected_pods, not_probed, views, agents, baseline_counts)
         return classify_group(obs, (), now=now)
@@ -250,7 +252,7 @@ def observe_group(
 
 
 def _read_agents(
-    rt: Runtime, pods: Sequence[Mapping[str, Any]], epoch: int
+    rt: Runtime, pods: Sequence[Mapping[str, Any]], epoch: int, token: str
 ) -> tuple[AgentReport, ...]:
     """Every reachable pod agent's ranks, plus crashed ranks that carry a consensus failure."""
     reports = []
@@ -258,7 +260,7 @@ def _read_agents(
         ip = (pod.get("status") or {}).get("podIP")
         name = str((pod.get("metadata") or {}).get("name", ""))
         if ip:
-            answer = rt.agents.ranks(name, ip)
+            answer = rt.agents.ranks(name, ip, token)
             reports.append(report_from_ranks(name, answer.body, epoch, answer.error))
     return tuple(reports)
 
@@ -271,6 +273,7 @@ def probe_targets(
     record: GroupRecord,
     pods: Sequence[Mapping[str, Any]],
     now_monotonic: float,
+    token: str = "",
 ) -> ProbeTarget | None:
     """What the prober should probe for a group (None: nothing to probe yet)."""
     current = [
@@ -303,6 +306,7 @@ def probe_targets(
         period=float(health.period_seconds),
         timeout=float(health.timeout_seconds),
         not_before=now_monotonic,
+        token=token,
     )
 
 
@@ -411,6 +415,12 @@ def _run_round(
     stale = plan_reconcile(pdd, policy, pods, services, current_epochs, set()).stale_groups
     roles: tuple[Role, ...] = ("prefill", "decode")
     steps = step_bounds(pdd)
+
+    deps = rt.deps
+
+    def token() -> str:
+        return agent_token(deps, pdd, namespace)
+
     for role in roles:
         spec_role = pdd.spec.role(role)
         replicas = 0 if pdd.spec.paused else spec_role.replicas
@@ -430,7 +440,7 @@ def _run_round(
             group_pods = by_group.get((role, g), [])
             verdict = observe_group(
                 rt, (namespace, name, role, g), role_records.get(g), group_pods,
-                spec_role.pods_per_group, now, steps,
+                spec_role.pods_per_group, now, steps, token,
             )  # fmt: skip
             request = manual_request(body, role, g)
             rollout = request is None and rolling == g
@@ -664,6 +674,9 @@ def _update_targets(
     targets = []
     now_mono = time.monotonic()
     unsettled = set()
+    # Pods exist only once their Secret does: reading it is a cache hit after the first.
+    assert rt.deps is not None
+    token = agent_token(rt.deps, pdd, namespace) if by_group else ""
     for rec in records.values():
         target = probe_targets(
             pdd,
@@ -673,6 +686,7 @@ def _update_targets(
             rec,
             by_group.get((rec.role, rec.index), []),
             now_mono,
+            token,
         )
         if target is not None:
             targets.append(target)

@@ -245,17 +245,18 @@ class Execution:
         store; a consensus divergence found in them is reported as the cause."""
         by_name = {p["metadata"]["name"]: p for p in self.pods}
         agents = self.deps.agents
+        token = agent_token(self.deps, self.pdd, self.namespace)
 
         def one(name: str) -> tuple[list[str], str | None]:
             parts: list[str] = []
             ranks_text: str | None = None
             ip = ((by_name.get(name) or {}).get("status") or {}).get("podIP")
             if ip:
-                ranks_text = agents.evidence(ip, "/ranks")
+                ranks_text = agents.evidence(ip, "/ranks", token)
                 parts.append(f"[{name}] ranks: {ranks_text}")
                 # An agent that did not answer /ranks will not dump stacks either.
                 if action.stacks and not ranks_text.startswith(UNREACHABLE):
-                    parts.append(f"[{name}] stacks: {agents.evidence(ip, '/stacks')}")
+                    parts.append(f"[{name}] stacks: {agents.evidence(ip, '/stacks', token)}")
             if action.log_lines:
                 try:
                     logs = self.deps.kube.core.read_namespaced_pod_log(

@@ -45,6 +45,7 @@ class ProbeTarget:
     period: float
     timeout: float
     not_before: float = 0.0  # startup grace: no probe before this time
+    token: str = field(default="", repr=False)  # the pod agents' bearer token
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,10 @@ class Prober:
         """Every pod agent's `GET /ranks`, concurrently, each bounded by the timeout."""
         return tuple(
             await asyncio.gather(
-                *(read_ranks_async(self.client, p, u, target.timeout) for p, u in target.agents)
+                *(
+                    read_ranks_async(self.client, p, u, target.timeout, target.token)
+                    for p, u in target.agents
+                )
             )
         )
 

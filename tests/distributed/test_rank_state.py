@@ -102,8 +102,12 @@ def test_reads_never_mix_two_writes(tmp_path: Path, writers: list[subprocess.Pop
     assert flagged < reads / 10
 
 
+TOKEN = "operator-token"
+
+
 def _get(url: str, body: bytes | None = None) -> tuple[int, Any]:
     req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    req.add_header("Authorization", f"Bearer {TOKEN}")
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -124,7 +128,7 @@ def test_agent_serves_live_dead_and_previous_ranks(
     _start(writers, tmp_path, 0, "idle")
     _start(writers, tmp_path, 1, "idle")
 
-    server, _ = PodAgent(tmp_path).serve_in_thread("127.0.0.1", 0)
+    server, _ = PodAgent(tmp_path, token=TOKEN).serve_in_thread("127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         status, body = _get(f"{base}/ranks")
@@ -169,7 +173,7 @@ def test_stack_dumps_are_bounded_and_one_at_a_time(
     slow = tmp_path / "slow-py-spy"
     slow.write_text("#!/bin/sh\nsleep 30\n")
     slow.chmod(0o755)
-    agent = PodAgent(tmp_path, py_spy=str(slow))
+    agent = PodAgent(tmp_path, py_spy=str(slow), token=TOKEN)
     server, _ = agent.serve_in_thread("127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:

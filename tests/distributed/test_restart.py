@@ -167,7 +167,10 @@ def test_agent_restart_contract_accepts_once_per_epoch_and_persists_first(
     tmp_path: Path,
 ) -> None:
     orders: list[RestartOrder] = []
-    agent = PodAgent(tmp_path, epoch="3", restart=orders.append, token=TOKEN, environ={})
+    # Unlimited: this test sends a dozen restarts at once (the budget has its own test).
+    agent = PodAgent(
+        tmp_path, epoch="3", restart=orders.append, token=TOKEN, environ={}, rate_limits={}
+    )
     disabled = [
         PodAgent(tmp_path, epoch="3", restart=orders.append, environ={}),
         PodAgent(tmp_path, epoch="3", restart=None, token=TOKEN, environ={}),
@@ -209,7 +212,8 @@ def test_agent_restart_contract_accepts_once_per_epoch_and_persists_first(
                 assert conflict.json()["pending_epoch"] == "5"
             time.sleep(0.2)
             assert len(orders) == 1 and epoch_file.read_text() == "5\n"
-            assert http.get(f"{base}/ranks").json()["epoch"] == "3"  # until the restart
+            ranks = http.get(f"{base}/ranks", headers=auth)
+            assert ranks.json()["epoch"] == "3"  # until the restart
     finally:
         for server in servers:
             server.shutdown()
@@ -282,7 +286,8 @@ def test_agent_process_ends_the_main_process_its_tree_and_itself(as_pid1: bool) 
 
         with httpx.Client() as http:
             assert post_restart(http, base, "4", token="nope").status_code == 401
-            assert http.get(f"{base}/ranks").json()["epoch"] == "3"
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            assert http.get(f"{base}/ranks", headers=auth).json()["epoch"] == "3"
             time.sleep(0.3)
             assert proc.poll() is None
             answer = post_restart(http, base, "4", reason="drill")

@@ -35,6 +35,7 @@ from lockstep_sglang.standin.settings import parse_server_args
 
 HTTP_PORT = 30000
 AGENT_PORT = 8999
+AGENT_TOKEN = "operator-token"  # what the operator's Secret would hold
 DIST_PORT = 20003
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,11 @@ class StandinPod:
         return self.http.post(f"{self.base}{path}", json=body, timeout=timeout)
 
     def ranks(self) -> dict[str, Any]:
-        resp = self.http.get(f"http://{self.ip}:{AGENT_PORT}/ranks", timeout=5.0)
+        resp = self.http.get(
+            f"http://{self.ip}:{AGENT_PORT}/ranks",
+            timeout=5.0,
+            headers={"Authorization": f"Bearer {self.env.get('LOCKSTEP_AGENT_TOKEN', '')}"},
+        )
         resp.raise_for_status()
         body: dict[str, Any] = resp.json()
         return body
@@ -134,6 +139,7 @@ class Launcher:
             "LOCKSTEP_STANDIN_REQUEST_TIMEOUT_S": "10",
             # After its ranks end a pod holds its agent up (30 s by default): short here.
             "LOCKSTEP_EXIT_HOLD_S": "1",
+            "LOCKSTEP_AGENT_TOKEN": AGENT_TOKEN,
             **env,
         }
         return self._start(ip, pod_dir, argv, full_env, pod_dir / "pod.log")

@@ -31,8 +31,12 @@ def _stuck_in(group: RankGroup, expected: dict[int, tuple[str, str]]) -> bool:
     return True
 
 
+TOKEN = "operator-token"
+
+
 def _http(url: str, body: bytes | None = None) -> Any:
     req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    req.add_header("Authorization", f"Bearer {TOKEN}")
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())
 
@@ -62,7 +66,7 @@ def test_divergence_hangs_without_consensus_and_rank_state_shows_where(
     assert decisions[0]["seq"] == decisions[1]["seq"] == int(DIVERGE_AT)
 
     # The pod agent serves the same picture over HTTP, and stacks of the stuck ranks.
-    server, _ = PodAgent(group.state_dir).serve_in_thread("127.0.0.1", 0)
+    server, _ = PodAgent(group.state_dir, token=TOKEN).serve_in_thread("127.0.0.1", 0)
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         ranks = _http(f"{base}/ranks")

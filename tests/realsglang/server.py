@@ -159,7 +159,8 @@ class RealServer:
         return self.http.post(f"{self.url}/generate", json=body, timeout=timeout)
 
     def ranks(self) -> dict[str, Any]:
-        data: dict[str, Any] = self.http.get(f"{self.agent}/ranks", timeout=5).json()
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        data: dict[str, Any] = self.http.get(f"{self.agent}/ranks", timeout=5, headers=auth).json()
         return data
 
     def restart(self, epoch: int, token: str = TOKEN) -> httpx.Response:

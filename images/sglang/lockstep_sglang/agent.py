@@ -3,6 +3,14 @@
 The operator reads it when a group's deep probe fails, to tell a desync from a hang
 from a dead rank, and to capture evidence before it restarts the group:
 
+Every route but ``GET /healthz`` is the operator's: it needs the header
+``Authorization: Bearer <token>``, where the token is ``LOCKSTEP_AGENT_TOKEN`` (put in the
+pod by the operator from the deployment's Secret), compared in constant time. A missing or
+wrong token is answered 401 (with ``WWW-Authenticate: Bearer``); an agent without a token
+answers 403 on those routes (it serves nobody rather than everybody). Each route also has
+a request budget (:data:`RATE_LIMITS`, a token bucket counting every request, refused ones
+too, so guessing the token is throttled): over it, 429 with ``Retry-After``.
+
 - ``GET /ranks``: the local ranks' state (schema in :mod:`lockstep_sglang.rank_state`)::
 
       {"schema": "lockstep.dev/rank-state/v1", "hostname": str, "pod": str | null,
@@ -28,12 +36,12 @@ from a dead rank, and to capture evidence before it restarts the group:
         "duration_s": float, "stack": str, "error": str | null}, ...]}
 
 - ``GET /healthz``: ``{"ok": true}``.
-- ``POST /restart`` (header ``Authorization: Bearer <token>``, JSON body
+- ``POST /restart`` (JSON body
   ``{"epoch": "<new group epoch, decimal string>", "reason": "<free text, optional>"}``):
-  the operator's in-place group restart. The token is ``LOCKSTEP_AGENT_TOKEN`` (put
-  there by the operator from its Secret), compared in constant time. Answers, checked in
-  this order; nothing changes unless the answer is 202:
+  the operator's in-place group restart. Answers, checked in this order; nothing
+  changes unless the answer is 202:
 
+  - 429 ``{"error"}``: over the route's request budget;
   - 403 ``{"error"}``: restart is disabled in this pod (no token configured, or an agent
     that was not told the container's main process);
   - 401 ``{"error"}``: missing or wrong token (with ``WWW-Authenticate: Bearer``);
@@ -79,6 +87,7 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -129,6 +138,36 @@ RESTART_EXIT_CODE = 75  # EX_TEMPFAIL: "restarted in place by lockstep; start me
 # exits at once. SGLang handles SIGTERM, SIGQUIT and SIGCHLD; it leaves SIGUSR2 alone.
 RESTART_SIGNAL = signal.SIGUSR2
 MAIN_EXIT_GRACE_S = 2.0
+
+RATE_LIMITS: dict[str, tuple[float, float]] = {
+    "/ranks": (10.0, 20.0),
+    "/stacks": (0.2, 2.0),
+    "/restart": (2.0, 10.0),
+}
+"""Request budget per guarded route: (requests per second, burst). The operator reads
+``/ranks`` a few times per failed probe and incident, ``/stacks`` once per incident, and
+``/restart`` once per epoch; a client over the budget gets 429 with ``Retry-After``."""
+
+
+class TokenBucket:
+    """A token bucket: ``rate`` requests per second on average, ``burst`` at once."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._tokens = burst
+        self._at = clock()
+        self._lock = threading.Lock()
+
+    def take(self) -> float:
+        """0.0 when a request may go now (and count it), else seconds until one may."""
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            if self._tokens >= 1.0:
+                self._tokens -= 1.0
+                return 0.0
+            return (1.0 - self._tokens) / self.rate
 
 
 class RanksResponse(TypedDict):
@@ -219,8 +258,10 @@ class PodAgent:
 
     ``epoch``: the group epoch the container runs (default: the effective one, from
     ``state_dir`` and ``environ``). ``restart``: what an accepted ``POST /restart`` does
-    once answered (None: restart disabled, 403). ``token``: the bearer token it requires
-    (default ``LOCKSTEP_AGENT_TOKEN`` from ``environ``; empty: restart disabled, 403).
+    once answered (None: restart disabled, 403). ``token``: the bearer token every route
+    but ``/healthz`` requires (default ``LOCKSTEP_AGENT_TOKEN`` from ``environ``; empty:
+    those routes answer 403). ``rate_limits``: per-path (rate, burst), default
+    :data:`RATE_LIMITS`; ``monotonic`` is their clock.
     """
 
     def __init__(
@@ -233,6 +274,8 @@ class PodAgent:
         restart: RestartAction | None = None,
         token: str | None = None,
         environ: Mapping[str, str] | None = None,
+        rate_limits: Mapping[str, tuple[float, float]] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         env = os.environ if environ is None else environ
         self.state_dir = state_dir
@@ -243,11 +286,15 @@ class PodAgent:
         self.epoch = epoch if epoch is not None else effective_epoch(state_dir, env)
         self._restart = restart
         self._token = (token if token is not None else env.get(TOKEN_ENV, "")).strip()
+        self._buckets = {
+            path: TokenBucket(rate, burst, monotonic)
+            for path, (rate, burst) in (RATE_LIMITS if rate_limits is None else rate_limits).items()
+        }
         self._restart_lock = threading.Lock()
         self.pending_epoch: int | None = None  # an accepted restart not yet carried out
         self.routes: dict[tuple[str, str], Handler] = {}
-        self.add_route("GET", "/ranks", lambda _req: (200, self.ranks()))
-        self.add_route("POST", "/stacks", self._handle_stacks)
+        self.add_route("GET", "/ranks", self._guarded(lambda _req: (200, self.ranks())))
+        self.add_route("POST", "/stacks", self._guarded(self._handle_stacks))
         self.add_route("GET", "/healthz", lambda _req: (200, {"ok": True}))
         self.add_route("POST", "/restart", self._handle_restart)
 
@@ -334,6 +381,19 @@ class PodAgent:
         finally:
             self._stacks_busy.release()
 
+    def _guarded(self, handler: Handler) -> Handler:
+        """``handler`` behind the token (403 without one configured, 401 on a missing or
+        wrong one)."""
+
+        def guarded(req: AgentRequest) -> tuple[int, Any]:
+            if not self._token:
+                return 403, {"error": f"disabled: {TOKEN_ENV} is not set in this pod"}
+            if not self._authorized(req.headers.get("authorization", "")):
+                return 401, {"error": "missing or wrong bearer token"}
+            return handler(req)
+
+        return guarded
+
     def _authorized(self, header: str) -> bool:
         scheme, _, credentials = header.strip().partition(" ")
         if scheme.lower() != "bearer":
@@ -401,6 +461,13 @@ class PodAgent:
             if any(path == req.path for _, path in self.routes):
                 return 405, {"error": f"{req.method} not allowed on {req.path}"}
             return 404, {"error": f"no route {req.path}"}
+        bucket = self._buckets.get(req.path)
+        wait = bucket.take() if bucket is not None else 0.0
+        if wait > 0:
+            return 429, {
+                "error": f"too many requests to {req.path}: try again in {wait:.1f}s",
+                "retry_after_s": round(wait, 3),
+            }
         try:
             return handler(req)
         except ValueError as exc:
@@ -457,6 +524,9 @@ class PodAgent:
                 self.send_header("Content-Length", str(len(data)))
                 if status == HTTPStatus.UNAUTHORIZED:
                     self.send_header("WWW-Authenticate", 'Bearer realm="lockstep-agent"')
+                if status == HTTPStatus.TOO_MANY_REQUESTS and isinstance(payload, dict):
+                    wait = float(payload.get("retry_after_s", 1.0))
+                    self.send_header("Retry-After", str(max(1, math.ceil(wait))))
                 if close:
                     self.send_header("Connection", "close")
                     self.close_connection = True

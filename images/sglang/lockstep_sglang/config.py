@@ -16,7 +16,7 @@ pod agent) inherits the same settings without extra plumbing.
 | ``LOCKSTEP_PROBE_MAX_TIMEOUT_S`` | ``60`` | largest ``?timeout=`` accepted |
 | ``LOCKSTEP_EXIT_HOLD_S`` | ``30`` | after the server ends on its own, how long the pod agent keeps serving its evidence before the container exits |
 | ``LOCKSTEP_GROUP_EPOCH`` | unset | the group epoch the operator created the pod in (decimal) |
-| ``LOCKSTEP_AGENT_TOKEN`` | unset | bearer token of the agent's ``POST /restart`` (unset: restart disabled) |
+| ``LOCKSTEP_AGENT_TOKEN`` | unset | bearer token of the agent's ``/ranks``, ``/stacks`` and ``/restart`` (unset: they answer 403) |
 | ``LOCKSTEP_POD_NAME`` | unset | echoed by the agent's ``/ranks`` |
 
 The group epoch: the operator renders it into the pod (``LOCKSTEP_GROUP_EPOCH``, and the

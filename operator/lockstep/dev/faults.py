@@ -7,6 +7,7 @@ API (pod delete). The same for both engines of the local cluster.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -53,11 +54,23 @@ def highest_rank(pod: dict[str, Any]) -> int:
     return (node_rank + 1) * gpus - 1
 
 
-def rank_pids(pod: dict[str, Any], timeout: float = 5.0) -> list[tuple[int, int]]:
+def agent_token(core: k8s.CoreV1Api, pod: dict[str, Any]) -> str:
+    """The pod agents' bearer token of a pod's deployment, from the Secret the operator
+    made (`<deployment>-agent-token`), as the operator reads it."""
+    meta = pod["metadata"]
+    deployment = meta["labels"][c.LABEL_DEPLOYMENT]
+    secret = core.read_namespaced_secret(f"{deployment}-agent-token", meta["namespace"])
+    return base64.b64decode((secret.data or {})[c.AGENT_TOKEN_KEY]).decode()
+
+
+def rank_pids(
+    core: k8s.CoreV1Api, pod: dict[str, Any], timeout: float = 5.0
+) -> list[tuple[int, int]]:
     """(global rank, pid) of the live ranks of a pod, from its pod agent's `GET /ranks`."""
     name = pod["metadata"]["name"]
+    token = agent_token(core, pod)
     with httpx.Client(trust_env=False) as http:
-        answer = AgentClient(http).ranks(name, pod["status"]["podIP"], timeout=timeout)
+        answer = AgentClient(http).ranks(name, pod["status"]["podIP"], token, timeout=timeout)
     report = report_from_ranks(name, answer.body, 0, answer.error)
     if report.ranks is None:
         raise RuntimeError(f"the pod agent of {name} did not answer: {report.error}")
@@ -103,7 +116,7 @@ def inject(
         who = "every rank" if victim is None else f"rank {victim}"
         return f"{kind} injected into {role}/{group} ({who})"
     if kind in ("kill-rank", "stall-rank"):
-        rank, pid = max(rank_pids(last))
+        rank, pid = max(rank_pids(core, last))
         os.kill(pid, signal.SIGKILL if kind == "kill-rank" else signal.SIGSTOP)
         verb = "killed" if kind == "kill-rank" else "stopped (SIGSTOP)"
         return f"{verb} rank {rank} (pid {pid}) of {role}/{group} in {last['metadata']['name']}"

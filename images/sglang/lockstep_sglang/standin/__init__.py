@@ -31,7 +31,7 @@ Environment:
 | ``SGLANG_ENABLE_RANK_CONSENSUS_CHECKER`` | on | decision consensus (``LOCKSTEP_CONSENSUS`` overrides) |
 | ``LOCKSTEP_CONSENSUS_PAUSE_S`` | ``0.05`` | pause between consensus comparisons |
 | ``LOCKSTEP_GROUP_EPOCH``, ``LOCKSTEP_POD_NAME`` | unset | echoed by ``/ranks``; the epoch also prefixes the store keys (``state/epoch``, written by an in-place restart, overrides it and moves the rendezvous port) |
-| ``LOCKSTEP_AGENT_TOKEN`` | unset | the token ``POST /restart`` requires (unset: in-place restart disabled, 403) |
+| ``LOCKSTEP_AGENT_TOKEN`` | unset | the token the agent's ``/ranks``, ``/stacks`` and ``/restart`` require (unset: they answer 403) |
 | ``LOCKSTEP_PROBE_TIMEOUT_S`` / ``_MAX_TIMEOUT_S`` | ``5`` / ``60`` | ``/lockstep/probe`` timeouts |
 | ``LOCKSTEP_STANDIN_IDLE_S`` | ``0.25`` | longest idle wait of rank 0 per iteration (requests wake it at once) |
 | ``LOCKSTEP_STANDIN_STEP_S`` | ``0.002`` | extra time of one forward step |
