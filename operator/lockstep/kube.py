@@ -50,30 +50,6 @@ class Kube:
 
     # ------------------------------------------------------------------- reads
 
-    def list_pods(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]:
-        """Pods matching a label selector, as dicts."""
-        sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        result = self.core.list_namespaced_pod(namespace, label_selector=sel)
-        return [_plain(self.api, p) for p in result.items]
-
-    def list_services(self, namespace: str, selector: Mapping[str, str]) -> list[Obj]:
-        """Services matching a label selector, as dicts."""
-        sel = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        result = self.core.list_namespaced_service(namespace, label_selector=sel)
-        return [_plain(self.api, s) for s in result.items]
-
-    def get_pddeployment(self, namespace: str, name: str) -> Obj | None:
-        """The PDDeployment object, or None when it is gone."""
-        try:
-            obj = self.custom.get_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, c.PLURAL, name
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return obj if isinstance(obj, dict) else None
-
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         """One key of a Secret, decoded; None when the Secret is not there (404)."""
         try:

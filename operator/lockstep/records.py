@@ -59,10 +59,19 @@ def load_records(body: Mapping[str, Any]) -> dict[str, GroupRecord]:
         return {}
 
 
+# What changes with every probe and means nothing to the next operator process: which
+# probe sample was counted last (sample ids come from the in-memory probe book, which a
+# new process starts afresh) and when. Left out of the annotation, a healthy group's
+# record does not change between probes, so it is not written between probes.
+IN_MEMORY_ONLY = {"last_observed_at": None, "last_sample": None}
+
+
 def dump_records(records: Mapping[str, GroupRecord]) -> str:
-    """The annotation value for the records (open incidents without their evidence)."""
+    """The annotation value for the records (open incidents without their evidence, and
+    without the fields in `IN_MEMORY_ONLY`)."""
     out = {}
     for key, rec in sorted(records.items()):
+        rec = rec.model_copy(update=IN_MEMORY_ONLY)
         if rec.incident is not None and rec.incident.evidence:
             rec = rec.model_copy(
                 update={"incident": rec.incident.model_copy(update={"evidence": ""})}

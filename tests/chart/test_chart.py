@@ -557,7 +557,7 @@ def test_operator_pod_is_restricted_and_probed() -> None:
 # router's Role (pods get and watch), or one the API server checks on its behalf (update
 # of pddeployments/finalizers, tests/controlplane/test_least_privilege_options.py).
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
-    ("lockstep.dev", "pddeployments"): {"get", "list", "watch", "patch"},
+    ("lockstep.dev", "pddeployments"): {"list", "watch", "patch"},
     ("lockstep.dev", "pddeployments/status"): {"patch"},
     ("lockstep.dev", "pddeployments/finalizers"): {"update"},
     ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},

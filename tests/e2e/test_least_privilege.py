@@ -12,9 +12,10 @@ The drill must pass, and the audit log of the run must show
   permissions the API server checks on the operator's behalf, never a request of its own.
 
 The desync drill alone does not reach every production path, so after it passes the same
-cluster runs two more: decode scaled down 2 -> 1 (pods and the group's Service deleted)
-and the router switched on (its ServiceAccount, Role, RoleBinding, Deployment and Service
-created; 0 replicas, the router process is not what this checks). A rule added later
+cluster runs more: decode scaled down 2 -> 1 (pods and the group's Service deleted), the
+router switched on (its ServiceAccount, Role, RoleBinding, Deployment and Service
+created; 0 replicas, the router process is not what this checks), its policy changed
+(each of them patched) and the router switched off (each of them deleted). A rule added later
 (e.g. for secrets) is checked the same way, with no change here: exercise it or drop it.
 
 Value set: the chart's defaults with the webhook off. The drill's operator
@@ -144,10 +145,30 @@ class LeastPrivilegeDrill(Drill):
                 c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, NAME, {"spec": router}
             )
         apps = k8s.AppsV1Api(self.cluster.api)
+
+        def router_args() -> list[str]:
+            items = apps.list_namespaced_deployment(NAMESPACE).items
+            return list(items[0].spec.template.spec.containers[0].args) if items else []
+
+        self.wait(router_args, 60, "the router's Deployment")
+        self.note("router policy changed: the operator patches the router's objects")
+        custom.patch_namespaced_custom_object(
+            c.GROUP,
+            c.VERSION,
+            NAMESPACE,
+            c.PLURAL,
+            NAME,
+            {"spec": {"router": {"policy": "random"}}},
+        )
+        self.wait(lambda: "random" in router_args(), 60, "the router's Deployment patched")
+        self.note("router off: the operator deletes the router's objects")
+        custom.patch_namespaced_custom_object(
+            c.GROUP, c.VERSION, NAMESPACE, c.PLURAL, NAME, {"spec": {"router": {"enabled": False}}}
+        )
         self.wait(
-            lambda: apps.list_namespaced_deployment(NAMESPACE).items,
+            lambda: not apps.list_namespaced_deployment(NAMESPACE).items,
             60,
-            "the router's Deployment",
+            "the router's Deployment deleted",
         )
         time.sleep(2)  # a few more rounds (status, records) before the cluster stops
 
@@ -194,7 +215,13 @@ def test_desync_drill_as_the_chart_service_account_uses_every_rule(tmp_path: Pat
     drill = LeastPrivilegeDrill(
         "desync",
         workdir=tmp_path / "drill",
-        cluster_options={"audit_log": True, "before_operator": as_the_chart_service_account},
+        cluster_options={
+            "audit_log": True,
+            # The operator as a process with the chart's identity and RBAC, without the
+            # webhook (see the module docstring: the value set this checks).
+            "operator": "process",
+            "before_operator": as_the_chart_service_account,
+        },
     )
     result = drill.run()
     print(result.to_json())

@@ -16,6 +16,7 @@ import httpx
 from lockstep.control import Runtime, observe_group
 from lockstep.metrics import Metrics
 from lockstep.prober import ProbeBook, ProbeSample, ProbeTarget
+from lockstep.records import ANNOTATION_RECORDS, dump_records, load_records
 from lockstep.recovery import GroupInput, RoleSettings, Step, new_group_record, plan_group
 from lockstep.verdicts import PodView
 
@@ -88,3 +89,27 @@ def test_sample_ids_are_unique_across_operator_processes_and_epochs() -> None:
     assert len(ids) == 4
     # A sample of an epoch the target left is not recorded (and gets no id).
     assert one.record(ProbeSample(KEY, 7, 2.0, False)) is None
+
+
+def test_passing_probes_of_a_healthy_group_do_not_change_what_is_persisted() -> None:
+    """Which sample was counted last lives in memory only: a healthy group's persisted
+    record stays the same from one passing probe to the next (nothing to write), and an
+    operator that loads it counts the first sample of its own (new) book."""
+    book = ProbeBook()
+    book.set_targets("ns", "m", [ProbeTarget(KEY, 0, "http://x", (), 1.0, 1.0)])
+    rt = drifting_runtime(book)
+    settings = RoleSettings("decode", 1)
+    record = new_group_record("decode", 0, now=0.0).model_copy(update={"step": Step.HEALTHY})
+    pods = (PodView("m-decode-0-0", "u0", 0, 0),)
+    dumps = []
+    for at in (10.0, 11.0, 12.0):
+        book.record(ProbeSample(KEY, 0, at, True, 0.002, wall=1_000_000.0 + at))
+        verdict = observe_group(rt, KEY, record, [POD], 1, now=1_000_000.0 + at)
+        record = plan_group(record, GroupInput(pods, verdict), settings, now=at).record
+        dumps.append(dump_records({"decode/0": record}))
+    assert record.last_sample is not None  # counted, in memory
+    assert dumps[0] == dumps[1] == dumps[2]
+    (loaded,) = load_records(
+        {"metadata": {"annotations": {ANNOTATION_RECORDS: dumps[-1]}}}
+    ).values()
+    assert loaded.last_sample is None and loaded.step is Step.HEALTHY

@@ -1,9 +1,10 @@
 {{/* Rules for objects inside the watched namespaces (a Role there, or the ClusterRole). */}}
 {{- define "lockstep.namespacedRules" -}}
-# The custom resource: watch it; patch finalizers and kopf's progress annotations.
+# The custom resource: list and watch it (kopf); patch its annotations (the planner's
+# records and incident history, kopf's progress). Never a get: the watch is the read.
 - apiGroups: ["lockstep.dev"]
   resources: ["pddeployments"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 # Conditions, per-group state and incidents go through the status subresource
 # (a subresource has no list or watch; nothing reads it apart from the object).
 - apiGroups: ["lockstep.dev"]
