@@ -19,10 +19,11 @@ controlplane:
 	@bash .ci/build-controlplane >/dev/null
 
 # The incident drill on the local cluster: a real control plane, the process kubelet, CPU
-# stand-in SGLang ranks in real gloo groups and the real operator; a desync is injected
-# into a decode group spanning two pods and lockstep detects, drains, restarts the whole
-# group and re-admits it while the other groups keep serving.
-demo: venv controlplane
+# stand-in SGLang ranks in real gloo groups and the real operator, installed with the
+# Helm chart (helm from `tools`); a desync is injected into a decode group spanning two
+# pods and lockstep detects, drains, restarts the whole group and re-admits it while the
+# other groups keep serving.
+demo: venv tools controlplane
 	$(BIN)/lockstep dev drill --scenario desync
 
 # Lint, format, types, and the import contracts (who may import what): pyproject.toml's

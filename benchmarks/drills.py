@@ -1,7 +1,10 @@
 """Recovery figures from drills on the local cluster, per engine (JSON out).
 
 `--engine standin` (default): the desync and hang drills N times each, the slow drill
-(false restarts under legitimately long steps: must be 0) and the baseline (the same
+(steps of 5, 15, 30 and 60 s under traffic and the default step bounds: restarts and
+warning Events per length, must be 0), the stuck-step drill (a step that never ends:
+time to the Hung verdict under the drill's 10 s floor and under the default 90 s) and
+the baseline (the same
 desync without lockstep's guard and recovery), each on a fresh local cluster, with
 medians: time to detect (from the injection, and the operator's first failed probe to
 verdict), time to recover (verdict to re-admission; on CPU stand-ins the restart is
@@ -68,6 +71,8 @@ def standin_scenarios(runs: int) -> dict[str, Any]:
         for _ in range(n):
             r = asdict(run_drill(scenario))
             results.append({k: r[k] for k in FIGURES})
+            if scenario == "slow":
+                results[-1]["per_step_length"] = r["slow"]
         out[scenario] = {
             "runs": results,
             "median_time_to_detect_s": median([r["time_to_detect_s"] for r in results]),
@@ -77,6 +82,10 @@ def standin_scenarios(runs: int) -> dict[str, Any]:
             if scenario == "slow"
             else None,
         }
+    # A step that never ends, under the drill's floor (10 s) and the default (90 s).
+    for label, bounds in (("stuck-step", None), ("stuck-step-default-bounds", {})):
+        r = asdict(run_drill("stuck-step", step_bounds=bounds))
+        out[label] = {k: r[k] for k in FIGURES}
     return out
 
 

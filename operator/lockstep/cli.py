@@ -136,7 +136,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             return EXIT_UNREADABLE
         webhook = WebhookConfig(
             port=args.webhook_port,
-            addr=args.webhook_addr,
+            addr=args.webhook_addr or args.bind_address,
             cert_dir=args.webhook_cert_dir or None,
             service=args.webhook_service,
             namespace=args.webhook_namespace,
@@ -144,6 +144,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         )
     config = OperatorConfig(
         metrics_port=args.metrics_port,
+        bind_address=args.bind_address,
         resync_seconds=args.resync_seconds,
         # Exact namespace names: nothing for kopf to discover, so it must not list and
         # watch namespaces cluster-wide (namespaced RBAC does not grant that).
@@ -160,7 +161,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    host = f"[{args.bind_address}]" if ":" in args.bind_address else args.bind_address
+    liveness = f"http://{host}:{args.liveness_port}/healthz" if args.liveness_port else None
     kopf.run(
         memo=kopf.Memo({MEMO_KEY: config}),
         clusterwide=not args.namespace,
@@ -207,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--namespace", action="append", help="watch this namespace (repeatable; default: all)"
     )
     op.add_argument("--peering", help="kopf peering name: replicas never act at once")
+    op.add_argument(
+        "--bind-address",
+        default="0.0.0.0",
+        help="address the liveness, metrics and webhook servers listen on (default: all)",
+    )
     op.add_argument("--liveness-port", type=int, default=8080, help="0 disables /healthz")
     op.add_argument("--metrics-port", type=int, default=9090, help="0 disables /metrics")
     op.add_argument(
@@ -217,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run at once on a failed probe, a pod change, a spec change)",
     )
     op.add_argument("--webhook-port", type=int, help="serve the admission webhooks (HTTPS)")
-    op.add_argument("--webhook-addr", default="0.0.0.0", help="webhook listen address")
+    op.add_argument("--webhook-addr", help="webhook listen address (default: --bind-address)")
     op.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key")
     op.add_argument(
         "--webhook-self-signed",

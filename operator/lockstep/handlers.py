@@ -89,7 +89,7 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         settings.scanning.disabled = True
     metrics = Metrics()
     if config.metrics_port:
-        metrics.serve(config.metrics_port)
+        metrics.serve(config.metrics_port, config.bind_address)
     book = ProbeBook()
     rt = Runtime(kube=Kube(api_client()), book=book, metrics=metrics, http=httpx.Client())
     wakers = Wakers()
@@ -127,9 +127,15 @@ async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
 # ----------------------------------------------------------------------- the caches
 
 
-def _snapshot(body: kopf.Body) -> dict[str, Any]:
-    # kopf's body is a view of the watch event's object: keep a plain, private copy.
-    return copy.deepcopy(dict(body))
+def snapshot(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What an index keeps of a watched object: a plain, private copy (kopf's body is a
+    view of the watch event's object) without `metadata.managedFields`, which nothing
+    here reads and which is about half of a pod's size."""
+    obj = copy.deepcopy(dict(body))
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
 @kopf.index("pods", labels=DEPLOYMENT_LABELS)
@@ -137,7 +143,7 @@ def deployment_pods(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
     """Every pod labelled with a PDDeployment (its SGLang pods and router replicas)."""
-    return {(namespace, labels[c.LABEL_DEPLOYMENT]): _snapshot(body)}
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): snapshot(body)}
 
 
 @kopf.index("services", labels=DEPLOYMENT_LABELS)
@@ -145,7 +151,7 @@ def deployment_services(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
     """Every Service labelled with a PDDeployment (its group Services and router's)."""
-    return {(namespace, labels[c.LABEL_DEPLOYMENT]): _snapshot(body)}
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): snapshot(body)}
 
 
 @kopf.index("apps", "v1", "deployments", labels=DEPLOYMENT_LABELS)
@@ -153,7 +159,7 @@ def deployment_deployments(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
     """Every apps/v1 Deployment labelled with a PDDeployment (its router)."""
-    return {(namespace, labels[c.LABEL_DEPLOYMENT]): _snapshot(body)}
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): snapshot(body)}
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=DEPLOYMENT_LABELS)

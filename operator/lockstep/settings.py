@@ -31,6 +31,7 @@ class OperatorConfig:
     """Everything the running operator is configured with."""
 
     metrics_port: int = 0  # 0: no /metrics
+    bind_address: str = "0.0.0.0"  # where /metrics (and /healthz, the webhook) listen
     # A control round this often even when nothing woke it (the safety net).
     resync_seconds: float = 10.0
     # Watching exact namespaces: kopf must not list namespaces (or CRDs) cluster-wide.

@@ -71,10 +71,22 @@ def test_deleted_pod_restarts_the_whole_group() -> None:
     assert r.verdict == "RankDown" and r.restarts["decode/0"] == 1
 
 
-@pytest.mark.timeout(420)
-def test_slow_but_progressing_group_is_left_alone() -> None:
+@pytest.mark.timeout(900)
+def test_steps_of_5_to_60_seconds_under_traffic_are_never_restarted() -> None:
+    # Default step bounds; each length in turn for two whole steps (the drill checks
+    # no incident, no restart and no warning Event per length).
     r = drill("slow")
+    assert [f["step_s"] for f in r.slow] == [5.0, 15.0, 30.0, 60.0]
+    assert all(f["restarts"] == 0 and f["warning_events"] == 0 for f in r.slow)
     assert r.incidents == [] and all(n == 0 for n in r.restarts.values())
+
+
+@pytest.mark.timeout(420)
+def test_a_step_that_never_ends_is_hung_past_the_step_bound() -> None:
+    # The drill deployment's bound: stepBounds.minSeconds 10 (examples/local-drill.yaml).
+    r = drill("stuck-step")
+    assert r.verdict == "Hung" and r.restarts["decode/0"] == 1
+    assert r.time_to_detect_s is not None and r.time_to_detect_s >= 10
 
 
 @pytest.mark.timeout(600)
@@ -85,8 +97,11 @@ def test_flapping_group_is_quarantined_after_its_budget() -> None:
 
 @pytest.mark.timeout(420)
 def test_operator_killed_mid_recovery_finishes_without_doubling() -> None:
+    # The operator is the chart's Deployment: the kubelet restarts its killed container,
+    # nothing in the drill starts it (Drill._operator_crash checks the same pod, +1).
     r = drill("operator-crash")
     assert r.restarts["decode/0"] == 1
+    assert any("operator back by itself" in note for note in r.notes), r.notes
 
 
 @pytest.mark.timeout(600)

@@ -1,9 +1,9 @@
 """`lockstep dev up | status | inject | down | drill` (rich for the live view).
 
 `up` starts a supervisor process that holds the local cluster (control plane, process
-kubelet, operator) until `down`; its working directory (default
-`~/.cache/lockstep/dev`) holds `state.json` (kubeconfig, pids), the operator's log and
-every pod's directory. `drill` runs one scenario on its own fresh cluster.
+kubelet, the operator installed with the Helm chart) until `down`; its working directory
+(default `~/.cache/lockstep/dev`) holds `state.json` (kubeconfig, pids), `operator.log`
+(a link to the operator pod's log) and every pod's directory. `drill` runs one scenario on its own fresh cluster.
 """
 
 from __future__ import annotations
@@ -117,6 +117,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"lockstep dev: up (supervisor pid {info['pid']})")
     print(f"  export KUBECONFIG={info['kubeconfig']}")
     print(f"  operator log: {info['operator_log']}")
+    if info.get("operator_logs_command"):
+        print(f"  (the chart's operator pod: {info['operator_logs_command']})")
     return 0
 
 

@@ -46,11 +46,15 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from lockstep.localcluster.serviceproxy import ServiceProxy
+
 BINARY_NAME = "lockstep-controlplane"
 BINARY_ENV = "LOCKSTEP_CONTROLPLANE_BIN"
 """Environment variable naming a prebuilt binary (skips the build)."""
 KUBECTL_ENV = "LOCKSTEP_KUBECTL"
 """Environment variable naming the kubectl to use (default: `.ci/fetch-tools`, then PATH)."""
+HELM_ENV = "LOCKSTEP_HELM"
+"""Environment variable naming the helm (v3) to use (default: `.ci/fetch-tools`, then PATH)."""
 
 DEFAULT_BUILD_TIMEOUT = 3600.0
 DEFAULT_READY_TIMEOUT = 120.0
@@ -175,6 +179,20 @@ def find_kubectl(*, timeout: float = 600.0) -> Path:
     raise ControlPlaneError(f"no kubectl: set {KUBECTL_ENV} or put kubectl on PATH")
 
 
+def find_helm(*, timeout: float = 600.0) -> Path:
+    """Return a helm (v3): `$LOCKSTEP_HELM`, the repository's `.ci/fetch-tools`, PATH."""
+    explicit = os.environ.get(HELM_ENV)
+    if explicit:
+        return Path(explicit)
+    root = repo_root()
+    if root is not None and (root / ".ci" / "fetch-tools").is_file():
+        return _run_tool_script(root / ".ci" / "fetch-tools", timeout) / "helm"
+    found = shutil.which("helm")
+    if found:
+        return Path(found)
+    raise ControlPlaneError(f"no helm: set {HELM_ENV} or put helm (v3) on PATH")
+
+
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -206,6 +224,10 @@ class LocalControlPlane:
     `__exit__`, by `start()` when start-up fails, and at interpreter exit) leaves nothing
     behind. The working directory holds certificates, kubeconfigs, etcd's data and
     the component logs (`log_dir`); it is removed on stop unless `workdir` was given.
+
+    `route_services` gives the API server a route to Services (webhooks and aggregated
+    APIs behind a Service reach a ready pod of it) through a
+    :class:`~lockstep.localcluster.serviceproxy.ServiceProxy`, as kube-proxy would.
     """
 
     def __init__(
@@ -219,6 +241,7 @@ class LocalControlPlane:
         controller_manager_args: Sequence[str] = (),
         scheduler_args: Sequence[str] = (),
         extensions: Sequence[ControlPlaneExtension] = (),
+        route_services: bool = False,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         build_timeout: float = DEFAULT_BUILD_TIMEOUT,
@@ -231,6 +254,8 @@ class LocalControlPlane:
         self._controller_manager_args = list(controller_manager_args)
         self._scheduler_args = list(scheduler_args)
         self._extensions = list(extensions)
+        self._route_services = route_services
+        self._service_proxy: ServiceProxy | None = None
         self._ready_timeout = ready_timeout
         self._stop_timeout = stop_timeout
         self._build_timeout = build_timeout
@@ -256,6 +281,9 @@ class LocalControlPlane:
         try:
             ready_file = self._workdir / "ready.json"
             ready_file.unlink(missing_ok=True)
+            if self._route_services:
+                self._service_proxy = ServiceProxy()
+                self._service_proxy.start()
             with open(self._supervisor_log, "ab") as log:
                 self._proc = subprocess.Popen(
                     [str(binary), "run", *self._run_flags()],
@@ -265,6 +293,8 @@ class LocalControlPlane:
                     start_new_session=True,
                 )
             self._info = self._wait_ready(ready_file)
+            if self._service_proxy is not None:
+                self._service_proxy.attach(self.http_client)
             for extension in self._extensions:
                 self._extension_stack.enter_context(extension(self))
         except BaseException:
@@ -279,6 +309,10 @@ class LocalControlPlane:
         if self._audit:
             flags += ["--audit-log", str(self._workdir / "logs" / "audit.log")]
         flags += [f"--crd={p}" for p in self._crds]
+        if self._service_proxy is not None:
+            egress = self._workdir / "egress-selector.yaml"
+            egress.write_text(self._service_proxy.egress_config())
+            flags.append(f"--apiserver-arg=--egress-selector-config-file={egress}")
         flags += [f"--apiserver-arg={a}" for a in self._apiserver_args]
         flags += [f"--controller-manager-arg={a}" for a in self._controller_manager_args]
         flags += [f"--scheduler-arg={a}" for a in self._scheduler_args]
@@ -312,8 +346,13 @@ class LocalControlPlane:
         finally:
             proc, self._proc = self._proc, None
             _running.discard(self)
-            if proc is not None:
-                self._terminate(proc)
+            try:
+                if proc is not None:
+                    self._terminate(proc)
+            finally:
+                service_proxy, self._service_proxy = self._service_proxy, None
+                if service_proxy is not None:
+                    service_proxy.stop()
             if self._workdir is not None and self._given_workdir is None:
                 shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None

@@ -18,6 +18,11 @@ SGLang's own argv; the process kubelet maps that entrypoint to a local program:
   rendezvous store on the pod's address; a request log like the stand-in's).
 
 Where the two differ, the stand-in is wrong.
+
+Either engine also runs the operator image's entrypoint (`lockstep operator`, as the
+chart's Deployment renders it) as this checkout's `python -m lockstep.cli operator`, with
+`--bind-address <pod IP>` added: its servers (liveness, metrics, webhook) listen on the
+pod's own address, since every pod shares the machine's network here.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ ENTRYPOINT = "lockstep-sglang"
 ROUTER_MODULE = "sglang_router.launch_router"
 LAUNCHER = (sys.executable, "-m", "lockstep_sglang.launcher")
 STANDIN = (sys.executable, "-m", "lockstep_sglang.standin")
+OPERATOR_ENTRYPOINT = ("lockstep", "operator")  # charts/lockstep/templates/deployment.yaml
+OPERATOR = (sys.executable, "-m", "lockstep.cli", "operator")
+BIND_ADDRESS_FLAG = "--bind-address"
 FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"  # lockstep_sglang.faults (not importable here)
 FAULT_FILE = "fault.json"
 REQUEST_LOG = "requests.jsonl"  # the stand-in's name (lockstep.dev.traffic reads it)
@@ -82,6 +90,10 @@ class Engine:
         self, argv: list[str], env: dict[str, str], ctx: ContainerContext
     ) -> tuple[list[str], dict[str, str]]:
         """The container's final argv and env (the router and others pass unchanged)."""
+        if tuple(argv[: len(OPERATOR)]) == OPERATOR:
+            if _flag_value(argv, BIND_ADDRESS_FLAG) is None:
+                argv = [*argv, f"{BIND_ADDRESS_FLAG}={ctx.pod_ip}"]
+            return argv, env
         if self.name != "sglang" or tuple(argv[: len(LAUNCHER)]) != LAUNCHER:
             return argv, env
         mode = _flag_value(argv, "--disaggregation-mode")
@@ -113,5 +125,6 @@ def engine(name: EngineName = "standin") -> Engine:
     commands: dict[tuple[str, ...], Sequence[str]] = {
         (ENTRYPOINT,): STANDIN if name == "standin" else LAUNCHER,
         ("python3", "-m", ROUTER_MODULE): (sys.executable, "-m", ROUTER_MODULE),
+        OPERATOR_ENTRYPOINT: OPERATOR,
     }
     return Engine(name, commands)

@@ -31,6 +31,8 @@ can map one program without mapping every `python3`):
   here), exactly with the pod's args;
 - any other command runs as written when its executable exists here; otherwise the
   container stays Waiting with reason `ContainerCannotRun` and a message naming it;
+- the operator image's `["lockstep", "operator"]` (the chart's Deployment) runs this
+  checkout's `python -m lockstep.cli operator` with `--bind-address <pod IP>` added;
 - every pod shares this machine's network, so a wildcard `--host 0.0.0.0` (or `::`)
   becomes `--host <pod IP>`;
 - there is no cluster DNS, so the host of `--dist-init-addr HOST:PORT` is replaced by the
@@ -1345,10 +1347,9 @@ class _PodWorker(threading.Thread):
             argv = with_dist_init_ip(argv, ip)
         container.rendezvous_since = None
         argv = with_pod_host(argv, self.ip)
-        if kubelet.engine is not None:
-            argv, env = kubelet.engine.complete(
-                argv, env, ContainerContext(container.spec, pod, self.ip, self.dir)
-            )
+        argv, env = (kubelet.engine or _STANDIN).complete(
+            argv, env, ContainerContext(container.spec, pod, self.ip, self.dir)
+        )
         _rotate(container.log_path)
         started = time.time()
         with open(container.log_path, "ab") as log:
