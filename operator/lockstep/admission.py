@@ -7,7 +7,7 @@ from the CLI's `lockstep.settings.WebhookConfig`, in kopf's memo.
 - `validate-pddeployment` (path `/validate-pddeployment`): refuses invalid specs and specs
   the flag policy refuses, naming rule, field and fix; warnings for what it adjusts.
 - `mutate-pddeployment` (path `/mutate-pddeployment`): under safety mode `Enforce`, writes
-  the adjusted `args` of each role back into the spec.
+  the adjusted `args` and `env` of each role back into the spec.
 """
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ def validate_pddeployment(body: kopf.Body, warnings: list[str], **_: Any) -> Non
     c.GROUP, c.VERSION, c.PLURAL, id="mutate-pddeployment", operations=["CREATE", "UPDATE"]
 )
 def mutate_pddeployment(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    """Under Enforce, write each role's adjusted args back into the spec."""
+    """Under Enforce, write each role's adjusted args and env back into the spec."""
     decision = review(body)
     for role, args in decision.adjusted_args.items():
         patch.setdefault("spec", {}).setdefault(role, {})["args"] = args
+    for role, env in decision.adjusted_env.items():
+        patch.setdefault("spec", {}).setdefault(role, {})["env"] = env

@@ -168,7 +168,7 @@ def _env(pdd: PDDeployment, role: RoleSpec, policy: RolePolicy, epoch: int) -> l
             },
         }
     )
-    for var in role.env:
+    for var in policy.user_env:
         item: Obj = {"name": var.name}
         if var.value_from is not None:
             item["valueFrom"] = var.value_from

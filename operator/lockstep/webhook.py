@@ -32,6 +32,8 @@ class AdmissionDecision:
     warnings: tuple[str, ...] = ()
     # role -> the user args after the policy (Enforce only; None when nothing changes)
     adjusted_args: Mapping[str, list[str]] = field(default_factory=dict)
+    # role -> the user env after the policy (Enforce only: what loosened a guard dropped)
+    adjusted_env: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def review(obj: Mapping[str, Any]) -> AdmissionDecision:
@@ -52,12 +54,18 @@ def review(obj: Mapping[str, Any]) -> AdmissionDecision:
         str(f) for f in result.findings if f.severity != "info" and f.action != "rejected"
     )
     adjusted: dict[str, list[str]] = {}
+    adjusted_env: dict[str, list[dict[str, Any]]] = {}
     if pdd.spec.safety.mode == "Enforce":
         for role in c.ROLES:
             new = list(result.roles[role].user_args)
             if new != list(pdd.spec.role(role).args):
                 adjusted[role] = new
-    return AdmissionDecision(True, "", warnings, adjusted)
+            env = list(result.roles[role].user_env)
+            if env != list(pdd.spec.role(role).env):
+                adjusted_env[role] = [
+                    v.model_dump(by_alias=True, exclude_none=True, mode="json") for v in env
+                ]
+    return AdmissionDecision(True, "", warnings, adjusted, adjusted_env)
 
 
 @dataclass(frozen=True)

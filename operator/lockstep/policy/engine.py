@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lockstep import constants as c
-from lockstep.models import PDDeploymentSpec, RoleSpec
+from lockstep.models import EnvVar, PDDeploymentSpec, RoleSpec
 from lockstep.policy.flags import (
     ArgItem,
     FlagSpec,
@@ -98,6 +98,17 @@ RULES: dict[str, Rule] = {
             "operator-owned-env",
             "Environment variables the operator sets for the runtime may not be overridden",
         ),
+        Rule(
+            "guard-env",
+            "Environment variables that switch off or loosen a guard (lockstep's runtime "
+            "settings, torch's NCCL error handling, monitor and flight recorder) are the "
+            "operator's: a bound holds in every form a setting can take",
+        ),
+        Rule(
+            "config-file",
+            "--config reads SGLang options from a file the policy cannot see, so no bound "
+            "could hold for what it sets",
+        ),
     )
 }
 
@@ -131,6 +142,23 @@ OWNED_ENV = (
     c.ENV_POD_NAME,
     c.ENV_AGENT_TOKEN,
 )
+
+# Environment that would loosen a guard, by name: what a value does (None: every value of
+# a `LOCKSTEP_` variable is the operator's), and the values that do it. Every other
+# `LOCKSTEP_` variable not in OWNED_ENV is a runtime setting of lockstep's own guard
+# (consensus, probe and exit-hold timeouts, state dir): the operator's too.
+GUARD_ENV_PREFIX = "LOCKSTEP_"
+NCCL_GUARD_ENV: dict[str, str] = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "a timed-out NCCL collective no longer ends the "
+    "process, so a wedged rank waits forever instead of failing",
+    "TORCH_NCCL_ENABLE_MONITORING": "torch's NCCL heartbeat monitor is off, so a stuck "
+    "NCCL watchdog is never noticed",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "the NCCL flight recorder no longer dumps on a timeout, "
+    "so the evidence of a device-side hang is lost",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "the NCCL flight recorder keeps no trace, so the "
+    "evidence of a device-side hang is lost",
+}
+NCCL_GUARD_OFF = ("0", "false", "False", "")
 
 # NCCL flight recorder: keep a trace buffer and dump it when a collective times out, so
 # the evidence of a device-side hang survives the restart.
@@ -192,6 +220,8 @@ class RolePolicy:
     findings: tuple[Finding, ...]
     # The user's args after the policy (what an Enforce mutation writes back to the spec).
     user_args: tuple[str, ...] = ()
+    # The user's env after the policy (Enforce drops what loosens a guard).
+    user_env: tuple[EnvVar, ...] = ()
 
     @property
     def accepted(self) -> bool:
@@ -240,6 +270,7 @@ class _Ctx:
     items: list[ArgItem]
     added: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    user_env: list[EnvVar] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -309,7 +340,7 @@ def evaluate_role(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> R
     """Run the policy on one role: the effective SGLang argv, env and findings."""
     role = spec.role(role_name)
     split = split_args(list(role.args))
-    ctx = _Ctx(role_name, role, spec, table, split.items)
+    ctx = _Ctx(role_name, role, spec, table, split.items, user_env=list(role.env))
     for index, token in split.stray:
         ctx.invalid(
             "flag-value",
@@ -326,7 +357,7 @@ def evaluate_role(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> R
     _rule_dist_timeout(ctx)
     _rule_hicache_prefetch(ctx)
     _rule_decode_queue(ctx)
-    user_env = {var.name for var in role.env}
+    user_env = {var.name for var in ctx.user_env}
     env = {
         **FLIGHT_RECORDER_ENV,
         **{k: v for k, v in PEER_FAILURE_ENV.get(role_name, {}).items() if k not in user_env},
@@ -336,7 +367,7 @@ def evaluate_role(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> R
     }
     user_args = (*(t for item in ctx.items for t in item.tokens()), *ctx.added)
     argv = (*_operator_argv(spec, role_name), *user_args)
-    return RolePolicy(role_name, argv, env, tuple(ctx.findings), user_args)
+    return RolePolicy(role_name, argv, env, tuple(ctx.findings), user_args, tuple(ctx.user_env))
 
 
 def _operator_argv(spec: PDDeploymentSpec, role_name: str) -> list[str]:
@@ -396,6 +427,17 @@ def _check_flags(ctx: _Ctx) -> None:
         spec = ctx.table.lookup(item.option)
         fld = ctx.path(item)
         if spec is None:
+            full = ctx.table.expand_prefix(item.option)
+            if full is not None:
+                # argparse takes a unique prefix for the flag: SGLang would apply it, the
+                # policy must see the real name to apply the flag's bounds.
+                ctx.invalid(
+                    "unknown-flag",
+                    fld,
+                    f"{item.option} is an abbreviation SGLang would read as {full.name}",
+                    f"write {full.name} in full",
+                )
+                continue
             close = ctx.table.closest(item.option)
             fix = f"did you mean {close}?" if close else "remove it"
             ctx.invalid(
@@ -403,6 +445,15 @@ def _check_flags(ctx: _Ctx) -> None:
                 fld,
                 f"{item.option} is not a flag of SGLang {ctx.table.sglang_version}",
                 fix,
+            )
+            continue
+        if spec.dest == "config":
+            ctx.invalid(
+                "config-file",
+                fld,
+                f"{item.option} reads SGLang options from a file the policy cannot see "
+                "(a --watchdog-timeout or --dist-timeout there would escape their bounds)",
+                "write those options in args instead",
             )
             continue
         if spec.dest in OWNED_FLAGS:
@@ -486,6 +537,31 @@ def _check_env(ctx: _Ctx) -> None:
                 f"{var.name} is set by the operator",
                 "remove it (see spec.safety for the settings behind it)",
             )
+        else:
+            _check_guard_env(ctx, i, var)
+
+
+def _check_guard_env(ctx: _Ctx, index: int, var: EnvVar) -> None:
+    """An env var that loosens a guard: dropped (Enforce), refused (Reject) or reported
+    (Warn), whether given as a value or through valueFrom (which the policy cannot read)."""
+    fld = f"spec.{ctx.role_name}.env[{index}]"
+    shown = "valueFrom (not visible to the policy)" if var.value_from is not None else var.value
+    if var.name.startswith(GUARD_ENV_PREFIX):
+        what = (
+            f"{var.name}={shown} changes a setting of lockstep's own runtime guard; "
+            "its guards are set through spec.safety and spec.health"
+        )
+    elif var.name in NCCL_GUARD_ENV and (
+        var.value_from is not None or (var.value or "").strip() in NCCL_GUARD_OFF
+    ):
+        what = f"{var.name}={shown}: {NCCL_GUARD_ENV[var.name]}"
+    else:
+        return
+
+    def drop() -> None:
+        ctx.user_env = [v for v in ctx.user_env if v is not var]
+
+    ctx.unsafe("guard-env", fld, what, f"remove {var.name} from env", drop)
 
 
 def _overlap_on(ctx: _Ctx) -> bool:
@@ -582,10 +658,32 @@ def _rule_watchdog(ctx: _Ctx) -> None:
     )
 
 
+# The largest --dist-timeout the policy lets through, the bound of the CR's own field
+# (spec.safety.distTimeoutSeconds): an initialisation that may wait longer is a hang.
+MAX_DIST_TIMEOUT_SECONDS = 7200
+
+
 def _rule_dist_timeout(ctx: _Ctx) -> None:
-    if ctx.find("dist_timeout") is not None:
-        return
     want = str(ctx.spec.safety.dist_timeout_seconds)
+    item = ctx.find("dist_timeout")
+    if item is not None:
+        value = int(item.values[0])
+        if 0 < value <= MAX_DIST_TIMEOUT_SECONDS:
+            return
+
+        def replace() -> None:
+            item.values = [want]
+
+        what = "is not positive" if value <= 0 else f"exceeds {MAX_DIST_TIMEOUT_SECONDS}s"
+        ctx.unsafe(
+            "dist-timeout",
+            ctx.path(item),
+            f"--dist-timeout {item.values[0]} {what}: distributed initialisation could "
+            "wait for a missing rank for that long",
+            f"use a value in (0, {MAX_DIST_TIMEOUT_SECONDS}], e.g. {want}",
+            replace,
+        )
+        return
 
     def add() -> None:
         ctx.added.extend(["--dist-timeout", want])

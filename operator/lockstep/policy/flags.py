@@ -50,6 +50,14 @@ class FlagTable:
         """The flag spelled `option`, or None."""
         return self.by_option.get(option)
 
+    def expand_prefix(self, option: str) -> FlagSpec | None:
+        """The flag argparse would take `option` for as an abbreviation (a prefix of
+        exactly one flag's long spellings), or None."""
+        if not option.startswith("--") or len(option) < 3:
+            return None
+        found = {id(s): s for name, s in self.by_option.items() if name.startswith(option)}
+        return next(iter(found.values())) if len(found) == 1 else None
+
     def closest(self, option: str) -> str | None:
         """The known spelling closest to a misspelt `option`, if any is close."""
         found = difflib.get_close_matches(option, list(self.by_option), n=1, cutoff=0.6)

@@ -1,0 +1,229 @@
+"""Every bound in every form: for each bounded setting, each way it can reach the SGLang
+pod (the CR field, `--flag value`, `--flag=value`, an abbreviated flag, a `--config`
+file, an environment variable as a value or through valueFrom), what the policy does
+under each mode, what `lockstep check`, the webhook and the rendered pod then hold."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from factories import pdd_obj
+
+from lockstep.builders import build_group_pods
+from lockstep.models import parse_pddeployment
+from lockstep.policy import evaluate
+from lockstep.webhook import review
+
+pytestmark = pytest.mark.unit
+
+MODES = ("Enforce", "Reject", "Warn")
+
+
+def spec(
+    mode: str, args: Sequence[str] = (), env: Sequence[dict[str, Any]] = (), **safety: Any
+) -> Any:
+    obj = pdd_obj(safety={"mode": mode, **safety})
+    obj["spec"]["decode"].update({"args": list(args), "env": list(env)})
+    return parse_pddeployment(obj)
+
+
+def decode(result: Any) -> Any:
+    return result.roles["decode"]
+
+
+def findings(result: Any, rule: str) -> list[Any]:
+    """`rule`'s findings about the decode role's settings or the CR's safety fields (the
+    prefill role, untouched here, gets the operator's defaults)."""
+    return [f for f in result.findings if f.rule == rule and not f.field.startswith("spec.prefill")]
+
+
+# ------------------------------------------------------------------ flag forms
+
+BAD_FLAG_FORMS = {
+    # setting: (rule, [each form of an out-of-bounds value], the value the operator sets)
+    "watchdog": (
+        "watchdog-timeout",
+        [["--watchdog-timeout", "0"], ["--watchdog-timeout=0"],
+         ["--watchdog-timeout", "1000000"], ["--watchdog-timeout=-1"]],
+        "300",
+    ),
+    "dist": (
+        "dist-timeout",
+        [["--dist-timeout", "0"], ["--dist-timeout=0"], ["--dist-timeout", "99999"],
+         ["--dist-timeout=-5"]],
+        "600",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("setting", "form"),
+    [(name, form) for name, (_, forms, _) in BAD_FLAG_FORMS.items() for form in forms],
+)
+def test_a_bounded_flag_is_bounded_in_every_spelling(
+    mode: str, setting: str, form: list[str]
+) -> None:
+    rule, _, want = BAD_FLAG_FORMS[setting]
+    result = evaluate(spec(mode, form).spec)
+    (finding,) = findings(result, rule)
+    assert finding.field == "spec.decode.args[0]"
+    if mode == "Enforce":
+        assert finding.action == "adjusted" and result.accepted
+        flag = form[0].split("=")[0]
+        argv = list(decode(result).argv)
+        # The bound, in the pod's argv, in the spelling the user chose.
+        given = [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+        given += [a.split("=", 1)[1] for a in argv if a.startswith(f"{flag}=")]
+        assert given == [want]
+    elif mode == "Reject":
+        assert finding.action == "rejected" and not result.accepted
+    else:
+        assert finding.action == "reported" and result.accepted
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("form", "full"),
+    [
+        (["--watchdog", "0"], "--watchdog-timeout"),
+        (["--watchdog=0"], "--watchdog-timeout"),
+        (["--dist-time", "0"], "--dist-timeout"),
+        (["--disable-overlap"], "--disable-overlap-schedule"),
+    ],
+)
+def test_an_abbreviated_flag_is_refused_in_every_mode_naming_the_flag(
+    mode: str, form: list[str], full: str
+) -> None:
+    # argparse would expand it, so SGLang would apply a value the policy never judged.
+    result = evaluate(spec(mode, form).spec)
+    (finding,) = findings(result, "unknown-flag")
+    assert finding.action == "rejected" and not result.accepted
+    assert full in finding.message and finding.fix == f"write {full} in full"
+
+
+def test_an_ambiguous_prefix_is_an_unknown_flag() -> None:
+    (finding,) = findings(evaluate(spec("Warn", ["--enable", "x"]).spec), "unknown-flag")
+    assert "not a flag" in finding.message
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("form", [["--config", "/etc/sglang.yaml"], ["--config=/x.yaml"]])
+def test_a_config_file_is_refused_in_every_mode(mode: str, form: list[str]) -> None:
+    result = evaluate(spec(mode, form).spec)
+    (finding,) = findings(result, "config-file")
+    assert finding.action == "rejected" and "write those options in args" in finding.fix
+
+
+# ------------------------------------------------------------------ the CR's fields
+
+
+def test_the_watchdog_field_may_not_exceed_its_own_bound_field() -> None:
+    from lockstep.models import InvalidPDDeployment
+
+    with pytest.raises(InvalidPDDeployment) as err:
+        spec("Enforce", watchdogTimeoutSeconds=1200, maxWatchdogTimeoutSeconds=600)
+    (problem,) = err.value.problems
+    assert problem.field == "spec.safety.watchdogTimeoutSeconds"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("watchdogTimeoutSeconds", 0),
+        ("watchdogTimeoutSeconds", 100000),
+        ("distTimeoutSeconds", 0),
+        ("distTimeoutSeconds", 99999),
+        ("glooTimeoutSeconds", 0),
+        ("glooTimeoutSeconds", 7200),
+    ],
+)
+def test_each_safety_field_is_bounded_by_the_schema(field: str, value: int) -> None:
+    from lockstep.models import InvalidPDDeployment
+
+    with pytest.raises(InvalidPDDeployment) as err:
+        spec("Enforce", **{field: value})
+    assert any(p.field == f"spec.safety.{field}" for p in err.value.problems)
+
+
+# ------------------------------------------------------------------ environment forms
+
+OWNED = ["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER", "LOCKSTEP_GLOO_TIMEOUT_SECONDS",
+         "LOCKSTEP_AGENT_TOKEN", "LOCKSTEP_TEST_FAULT_FILE"]  # fmt: skip
+SECRET_REF = {"secretKeyRef": {"name": "s", "key": "k"}}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", OWNED)
+@pytest.mark.parametrize("source", ["value", "valueFrom"])
+def test_env_the_operator_sets_is_refused_as_a_value_or_a_reference(
+    mode: str, name: str, source: str
+) -> None:
+    var = (
+        {"name": name, "value": "0"}
+        if source == "value"
+        else {"name": name, "valueFrom": SECRET_REF}
+    )
+    result = evaluate(spec(mode, env=[var]).spec)
+    (finding,) = findings(result, "operator-owned-env")
+    assert finding.action == "rejected" and finding.field == "spec.decode.env[0].name"
+
+
+GUARD_ENV = [
+    ("LOCKSTEP_CONSENSUS", "0"),
+    ("LOCKSTEP_PROBE_MAX_TIMEOUT_S", "100000"),
+    ("LOCKSTEP_EXIT_HOLD_S", "0"),
+    ("LOCKSTEP_STATE_DIR", "/tmp/elsewhere"),
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"),
+    ("TORCH_NCCL_ENABLE_MONITORING", "0"),
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "0"),
+    ("TORCH_NCCL_TRACE_BUFFER_SIZE", "0"),
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("name", "value"), GUARD_ENV)
+@pytest.mark.parametrize("source", ["value", "valueFrom"])
+def test_env_that_loosens_a_guard_never_reaches_the_pod_unless_only_reported(
+    mode: str, name: str, value: str, source: str
+) -> None:
+    var = (
+        {"name": name, "value": value}
+        if source == "value"
+        else {"name": name, "valueFrom": SECRET_REF}
+    )
+    keep = {"name": "HF_HOME", "value": "/cache"}
+    pdd = spec(mode, env=[keep, var])
+    result = evaluate(pdd.spec)
+    (finding,) = findings(result, "guard-env")
+    assert finding.field == "spec.decode.env[1]" and name in finding.message
+    pod = build_group_pods(pdd, "decode", 0, 0, decode(result))[0]
+    rendered = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert "HF_HOME" in rendered
+    decision = review(pdd_dict(mode, [keep, var]))
+    if mode == "Enforce":
+        assert finding.action == "adjusted" and result.accepted
+        assert (name in rendered) == (name in result.roles["decode"].env)  # only ours
+        assert name not in {v.name for v in decode(result).user_env}
+        # The webhook writes the env without it back into the spec.
+        assert decision.allowed and decision.adjusted_env["decode"] == [keep]
+    elif mode == "Reject":
+        assert finding.action == "rejected" and not decision.allowed
+        assert name in decision.message
+    else:
+        assert finding.action == "reported" and decision.allowed and name in rendered
+
+
+@pytest.mark.parametrize("value", ["1", "3"])
+def test_nccl_settings_that_keep_the_guard_are_left_alone(value: str) -> None:
+    var = {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": value}
+    result = evaluate(spec("Reject", env=[var]).spec)
+    assert not findings(result, "guard-env") and result.accepted
+
+
+def pdd_dict(mode: str, env: list[dict[str, Any]]) -> dict[str, Any]:
+    obj = pdd_obj(safety={"mode": mode})
+    obj["spec"]["decode"]["env"] = env
+    return obj
