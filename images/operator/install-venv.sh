@@ -37,9 +37,14 @@ rm -rf "$stage/operator/lockstep/dev" "$stage/operator/lockstep/localcluster" \
 pip=("$dir/bin/python" -m pip --disable-pip-version-check)
 # The operator only: no `sglang` extra, no dev tools.
 "${pip[@]}" install --quiet "$stage"
+# SGLang pods of stock images get lockstep's runtime from this image (an init container
+# running lockstep-runtime-install), with py-spy for the pod agent's stack dumps.
+"${pip[@]}" install --quiet --no-deps "py-spy==0.4.3"
 
 "${pip[@]}" check
 "$dir/bin/lockstep" --help >/dev/null
+"$dir/bin/lockstep-runtime-install" --help >/dev/null
+"$dir/bin/py-spy" --version >/dev/null
 "$dir/bin/python" - <<'PY'
 import importlib.util
 import sys

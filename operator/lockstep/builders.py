@@ -250,11 +250,16 @@ def _group_pods(
         probe_path, probe_port = (
             (LEADER_READINESS_PATH, "http") if leader else ("/healthz", "agent")
         )
+        runtime = pdd.spec.runtime
         container: Obj = {
             "name": "sglang",
             "image": pdd.spec.image,
             "imagePullPolicy": pdd.spec.image_pull_policy,
-            "command": ["lockstep-sglang"],
+            # Injected: the stock image's Python runs the launcher the init container
+            # copied; otherwise the image's own lockstep-sglang entrypoint.
+            "command": [runtime.python, c.RUNTIME_LAUNCH]
+            if runtime.inject
+            else ["lockstep-sglang"],
             "args": args,
             "env": _env(pdd, role, policy, epoch),
             "ports": [
@@ -275,6 +280,13 @@ def _group_pods(
             "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}},
         }
         volumes: list[Obj] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+        init_containers: list[Obj] = []
+        if runtime.inject:
+            container["volumeMounts"].append(
+                {"name": c.RUNTIME_VOLUME, "mountPath": c.RUNTIME_MOUNT, "readOnly": True}
+            )
+            volumes.append({"name": c.RUNTIME_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}})
+            init_containers.append(_runtime_init_container(pdd))
         weights = pdd.spec.model.weights
         if weights and (weights.persistent_volume_claim or weights.host_path):
             container["volumeMounts"].append(
@@ -307,6 +319,8 @@ def _group_pods(
             "containers": [container],
             "volumes": volumes,
         }
+        if init_containers:
+            pod_spec["initContainers"] = init_containers
         if role.node_selector:
             pod_spec["nodeSelector"] = dict(role.node_selector)
         if role.tolerations:
@@ -322,6 +336,27 @@ def _group_pods(
             meta["annotations"]["sglang.ai/bootstrap-port"] = str(c.PORT_BOOTSTRAP)
         pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
     return pods
+
+
+def _runtime_init_container(pdd: PDDeployment) -> Obj:
+    """The init container that copies lockstep's runtime into the pod's runtime volume
+    (`lockstep_sglang.install`), from the operator's image: seconds, no network."""
+    return {
+        "name": c.RUNTIME_VOLUME,
+        "image": pdd.spec.runtime.image or c.DEFAULT_RUNTIME_IMAGE,
+        "imagePullPolicy": pdd.spec.image_pull_policy,
+        "command": [c.RUNTIME_INSTALL, c.RUNTIME_MOUNT],
+        "volumeMounts": [{"name": c.RUNTIME_VOLUME, "mountPath": c.RUNTIME_MOUNT}],
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "64Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        },
+    }
 
 
 def build_group_service(pdd: PDDeployment, role_name: str, group: int, epoch: int) -> Obj:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from lockstep import constants as c
 from lockstep.builders import build_all
 from lockstep.crd import crd_yaml
 from lockstep.models import InvalidPDDeployment, PDDeployment, parse_pddeployment
@@ -146,6 +147,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         bind_address=args.bind_address,
         resync_seconds=args.resync_seconds,
+        runtime_image=args.runtime_image,
         # Exact namespace names: nothing for kopf to discover, so it must not list and
         # watch namespaces cluster-wide (namespaced RBAC does not grant that).
         exact_namespaces=bool(args.namespace)
@@ -222,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="a control round this often even when nothing happened (the safety net; rounds "
         "run at once on a failed probe, a pod change, a spec change)",
+    )
+    op.add_argument(
+        "--runtime-image",
+        help="the image SGLang pods copy lockstep's runtime from when a PDDeployment leaves "
+        f"spec.runtime.image unset (default {c.DEFAULT_RUNTIME_IMAGE}; the chart passes the "
+        "operator's own image)",
     )
     op.add_argument("--webhook-port", type=int, help="serve the admission webhooks (HTTPS)")
     op.add_argument("--webhook-addr", help="webhook listen address (default: --bind-address)")

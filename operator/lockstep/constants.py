@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from lockstep import __version__
+
 GROUP = "lockstep.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -15,6 +17,15 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 SGLANG_VERSION = "0.5.23"
 
 ROLES = ("prefill", "decode")
+
+# Runtime injection into stock SGLang images (lockstep_sglang.install): the init
+# container's image (the operator's own, which carries the runtime), command and volume,
+# and where the SGLang container finds the launcher.
+DEFAULT_RUNTIME_IMAGE = f"ghcr.io/lockstep-dev/operator:{__version__}"  # the chart's default
+RUNTIME_INSTALL = "lockstep-runtime-install"
+RUNTIME_VOLUME = "lockstep-runtime"
+RUNTIME_MOUNT = "/opt/lockstep/runtime"
+RUNTIME_LAUNCH = f"{RUNTIME_MOUNT}/launch.py"
 
 # Labels on every object the operator owns.
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"

@@ -53,6 +53,7 @@ from lockstep.models import (
     InvalidPDDeployment,
     PDDeployment,
     parse_pddeployment,
+    with_runtime_image,
 )
 from lockstep.policy import PolicyResult, evaluate
 from lockstep.prober import ProbeBook, ProbeSample, ProbeTarget
@@ -130,6 +131,8 @@ class Runtime:
     clock: Callable[[], float] = time.time
     probe_clock_offset: Callable[[], float] = lambda: time.time() - time.monotonic()
     evidence: EvidenceStore | None = None
+    # spec.runtime.image when a PDDeployment leaves it unset (None: the builders' default).
+    runtime_image: str | None = None
     # Rank states each group's next failed sample is judged against for progress.
     previous_ranks: dict[tuple[str, str, str, int], tuple[RankState, ...]] = field(
         default_factory=dict
@@ -380,7 +383,7 @@ def _run_round(
     mem = _memory(rt, key, body)
     old_conditions = list((mem.status or {}).get("conditions") or [])
     try:
-        pdd = parse_pddeployment(body)
+        pdd = with_runtime_image(parse_pddeployment(body), rt.runtime_image)
     except InvalidPDDeployment as err:
         status = invalid_status(meta.get("generation"), old_conditions, str(err), now)
         writes = _patch_status(rt, mem, namespace, name, status, now)

@@ -91,7 +91,13 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
     if config.metrics_port:
         metrics.serve(config.metrics_port, config.bind_address)
     book = ProbeBook()
-    rt = Runtime(kube=Kube(api_client()), book=book, metrics=metrics, http=httpx.Client())
+    rt = Runtime(
+        kube=Kube(api_client()),
+        book=book,
+        metrics=metrics,
+        http=httpx.Client(),
+        runtime_image=config.runtime_image,
+    )
     wakers = Wakers()
     memo["runtime"] = rt
     memo["wakers"] = wakers

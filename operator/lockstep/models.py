@@ -346,11 +346,42 @@ class RecoverySpec(_Model):
     )
 
 
+class RuntimeSpec(_Model):
+    """How lockstep's runtime gets into the SGLang pods."""
+
+    inject: bool = Field(
+        True,
+        description="Copy lockstep's runtime into each pod from runtime.image (an init "
+        "container and an emptyDir volume) and start it with the SGLang image's own Python: "
+        "spec.image may then be a stock SGLang image. false: spec.image already carries "
+        "lockstep's runtime (its lockstep-sglang entrypoint).",
+    )
+    image: str | None = Field(
+        None,
+        description="The image the runtime is copied from (default: the operator's own "
+        "image, which carries it).",
+    )
+    python: str = Field(
+        "python3",
+        min_length=1,
+        description="The Python interpreter of spec.image that runs the injected launcher.",
+    )
+
+
 class PDDeploymentSpec(_Model):
     """A model served by prefill groups, decode groups and a router."""
 
     model: ModelSpec = Field(description="The model.")
-    image: str = Field(min_length=1, description="The patched SGLang image (lockstep-sglang).")
+    image: str = Field(
+        min_length=1,
+        description="The SGLang image: a stock one (lmsysorg/sglang, lockstep's runtime is "
+        "injected, see runtime) or one that carries the runtime (runtime.inject: false).",
+    )
+    runtime: RuntimeSpec = Field(
+        default_factory=RuntimeSpec,
+        description="How lockstep's runtime gets into the SGLang pods.",
+        json_schema_extra=_obj_default(),
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy."
     )
@@ -774,3 +805,12 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
             if found is not None:
                 return found
     return None
+
+
+def with_runtime_image(pdd: PDDeployment, image: str | None) -> PDDeployment:
+    """`pdd` with `spec.runtime.image` set to `image` when the spec leaves it unset (the
+    operator's configured runtime image: its own)."""
+    if image is None or pdd.spec.runtime.image is not None:
+        return pdd
+    runtime = pdd.spec.runtime.model_copy(update={"image": image})
+    return pdd.model_copy(update={"spec": pdd.spec.model_copy(update={"runtime": runtime})})

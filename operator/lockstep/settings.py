@@ -37,3 +37,6 @@ class OperatorConfig:
     # Watching exact namespaces: kopf must not list namespaces (or CRDs) cluster-wide.
     exact_namespaces: bool = False
     webhook: WebhookConfig | None = None
+    # The image SGLang pods copy lockstep's runtime from when spec.runtime.image is unset
+    # (None: lockstep.constants.DEFAULT_RUNTIME_IMAGE); the chart passes its own image.
+    runtime_image: str | None = None

@@ -469,6 +469,7 @@ def test_operator_command_line() -> None:
     assert container["args"] == [
         "--liveness-port=8080",
         "--metrics-port=9090",
+        "--runtime-image=ghcr.io/lockstep-dev/operator:0.1.0",
         "--webhook-port=9443",
         "--webhook-self-signed",
         "--webhook-service=lockstep-webhook",
@@ -476,7 +477,7 @@ def test_operator_command_line() -> None:
         "--webhook-config-name=lockstep",
     ]
     cm = operator_container(render(CERT_MANAGER))
-    assert cm["args"][2:] == ["--webhook-port=9443", "--webhook-cert-dir=/etc/lockstep/webhook-tls"]
+    assert cm["args"][3:] == ["--webhook-port=9443", "--webhook-cert-dir=/etc/lockstep/webhook-tls"]
     assert {"name": "webhook-tls", "mountPath": "/etc/lockstep/webhook-tls", "readOnly": True} in (
         cm["volumeMounts"]
     )
@@ -912,3 +913,13 @@ def test_install_venv_installs_the_operator_without_torch(tmp_path: Path) -> Non
     assert help_text.returncode == 0 and "--peering" in help_text.stdout
     no_torch = subprocess.run([str(venv / "bin/python"), "-c", "import torch"], capture_output=True)
     assert no_torch.returncode != 0
+    # What the init container of a stock SGLang pod does with this image: the runtime,
+    # without the stand-in, with py-spy, and the launcher a stock image's Python runs.
+    dest = tmp_path / "runtime"
+    copied = subprocess.run(
+        [str(venv / "bin/lockstep-runtime-install"), str(dest)], capture_output=True, text=True
+    )
+    assert copied.returncode == 0, copied.stderr
+    assert (dest / "launch.py").is_file() and (dest / "bin/py-spy").is_file()
+    assert (dest / "lockstep_sglang/launcher.py").is_file()
+    assert not (dest / "lockstep_sglang/standin").exists()

@@ -91,7 +91,13 @@ def kubelet(
         node_prefix="kubelet-test-gpu",
         root_dir=tmp_path_factory.mktemp("kubelet"),
         address_pool="127.0.96.0/24",
-        commands={("lockstep-sglang",): (sys.executable, "-c", SERVER)},
+        commands={
+            ("lockstep-sglang",): (sys.executable, "-c", SERVER),
+            # A stock image's pod: the runtime copied by its init container, then the
+            # injected launcher (the server script here, once the copy is there).
+            ("lockstep-runtime-install",): (sys.executable, "-m", "lockstep_sglang.install"),
+            ("python3", "/opt/lockstep/runtime/launch.py"): (sys.executable, "-c", SERVER),
+        },
         heartbeat_seconds=1.0,
         backoff_initial=0.5,
         backoff_max=2.0,
@@ -602,3 +608,56 @@ def test_a_pod_with_a_service_account_gets_credentials_limited_to_its_rbac(
     user = json.loads(whoami.stdout)["status"]["userInfo"]
     assert user["username"] == f"system:serviceaccount:{namespace}:reader"
     assert f"system:serviceaccounts:{namespace}" in user["groups"]
+
+
+@pytest.mark.timeout(60)
+def test_init_containers_run_in_order_to_success_before_the_containers_on_shared_volumes(
+    kubelet: ProcessKubelet, pods: Pods, namespace: str
+) -> None:
+    # The first init container fails once (retried after a back-off), then writes into
+    # the pod's emptyDir; the second takes a while; the container sees the same volume
+    # at its mount path, which becomes the volume's local directory in argv and env.
+    body = pod(
+        "initialized",
+        args=["--data=/work/data"],
+        env=[{"name": "GREETING", "value": "/work/data"}],
+        volumeMounts=[{"name": "work", "mountPath": "/work", "readOnly": True}],
+    )
+    body["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
+    body["spec"]["initContainers"] = [
+        {
+            "name": "fill",
+            "image": "busybox",
+            "command": ["sh", "-c",
+                        "test -f /work/tried || { touch /work/tried; exit 4; }; "
+                        "echo from-init > /work/data"],
+            "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+        },
+        {"name": "wait", "image": "busybox", "command": ["sh", "-c", "sleep 2"]},
+    ]  # fmt: skip
+    pods.create(body)
+    initializing = wait_until(
+        lambda: (
+            (s := pods.status("initialized")).get("initContainerStatuses")
+            and s["initContainerStatuses"][1]["state"].get("running")
+            and s
+        ),
+        "the second init container running",
+    )
+    assert initializing["phase"] == "Pending"
+    assert pods.condition("initialized", "Initialized")["status"] == "False"
+    assert pods.container_status("initialized")["state"]["waiting"]["reason"] == "PodInitializing"
+    fill = initializing["initContainerStatuses"][0]
+    assert fill["state"]["terminated"]["reason"] == "Completed" and fill["restartCount"] == 1
+    assert fill["lastState"]["terminated"]["exitCode"] == 4
+
+    wait_until(lambda: pods.ready("initialized"), "the container ready after both")
+    initialized = pods.condition("initialized", "Initialized")
+    assert initialized["status"] == "True" and "reason" not in initialized
+    statuses = pods.status("initialized")["initContainerStatuses"]
+    assert [s["state"]["terminated"]["exitCode"] for s in statuses] == [0, 0]
+    record = record_of(kubelet, namespace, "initialized")
+    local = kubelet.pod_dir(namespace, "initialized") / "volumes" / "work"  # type: ignore[operator]
+    assert record["env"]["GREETING"] == str(local / "data")
+    assert record["argv"] == [f"--data={local / 'data'}"]
+    assert (local / "data").read_text() == "from-init\n"

@@ -201,7 +201,7 @@ def test_value_set_renders_the_operator_the_drill_runs() -> None:
     (deployment,) = [o for o in rendered() if o["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = {a.split("=", 1)[0] for a in args}
-    assert flags == {"--liveness-port", "--metrics-port"}, args
+    assert flags == {"--liveness-port", "--metrics-port", "--runtime-image"}, args
     assert {o["kind"] for o in rbac_objects()} == {
         "ServiceAccount",
         "ClusterRole",

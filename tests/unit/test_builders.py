@@ -66,7 +66,7 @@ def test_pod_carries_labels_gate_resources_and_owner() -> None:
     container = spec["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert container["resources"]["requests"]["memory"] == "512Gi"
-    assert container["command"] == ["lockstep-sglang"]
+    assert container["command"] == ["python3", "/opt/lockstep/runtime/launch.py"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER"] == "1"  # decode-queue guard (Enforce)
     assert env["LOCKSTEP_GROUP_EPOCH"] == "0"
@@ -270,3 +270,47 @@ def test_a_recreated_group_prefers_other_nodes_than_the_failing_ranks() -> None:
     assert [p["metadata"]["annotations"] for p in plain] == [
         p["metadata"]["annotations"] for p in avoiding
     ]
+
+
+def test_a_stock_image_gets_the_runtime_from_an_init_container() -> None:
+    """Default (runtime.inject): the operator's image copies the runtime into an emptyDir
+    the SGLang container mounts read-only and starts with the image's own Python; with
+    inject false the image's own entrypoint runs and nothing is added."""
+    obj = load_example("pd-small")
+    obj["spec"]["image"] = "lmsysorg/sglang:v0.5.23-cu130"
+    pdd = parse_pddeployment(obj)
+    pod = build_group_pods(pdd, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[0]
+    spec = pod["spec"]
+    (init,) = spec["initContainers"]
+    assert init["image"] == c.DEFAULT_RUNTIME_IMAGE == "ghcr.io/lockstep-dev/operator:0.1.0"
+    assert init["command"] == ["lockstep-runtime-install", "/opt/lockstep/runtime"]
+    assert init["volumeMounts"] == [
+        {"name": "lockstep-runtime", "mountPath": "/opt/lockstep/runtime"}
+    ]
+    assert {"name": "lockstep-runtime", "emptyDir": {"sizeLimit": "256Mi"}} in spec["volumes"]
+    (sglang,) = spec["containers"]
+    assert sglang["image"] == "lmsysorg/sglang:v0.5.23-cu130"
+    assert sglang["command"] == ["python3", "/opt/lockstep/runtime/launch.py"]
+    assert {
+        "name": "lockstep-runtime",
+        "mountPath": "/opt/lockstep/runtime",
+        "readOnly": True,
+    } in sglang["volumeMounts"]
+    # The operator's own image (--runtime-image), or one named in the spec.
+    from lockstep.models import with_runtime_image
+
+    mirrored = with_runtime_image(pdd, "registry.local/lockstep/operator:0.1.0")
+    pod = build_group_pods(mirrored, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[0]
+    assert pod["spec"]["initContainers"][0]["image"] == "registry.local/lockstep/operator:0.1.0"
+    obj["spec"]["runtime"] = {"image": "mine/operator:1", "python": "/usr/bin/python3.12"}
+    named = with_runtime_image(parse_pddeployment(obj), "registry.local/x:1")
+    pod = build_group_pods(named, "decode", 0, 0, evaluate(named.spec).roles["decode"])[0]
+    assert pod["spec"]["initContainers"][0]["image"] == "mine/operator:1"
+    assert pod["spec"]["containers"][0]["command"][0] == "/usr/bin/python3.12"
+    # An image that carries the runtime itself.
+    obj["spec"]["runtime"] = {"inject": False}
+    own = parse_pddeployment(obj)
+    pod = build_group_pods(own, "decode", 0, 0, evaluate(own.spec).roles["decode"])[0]
+    assert "initContainers" not in pod["spec"]
+    assert pod["spec"]["containers"][0]["command"] == ["lockstep-sglang"]
+    assert all(v["name"] != "lockstep-runtime" for v in pod["spec"]["volumes"])

@@ -246,10 +246,14 @@ Handler = Callable[[AgentRequest], tuple[int, Any]]
 
 
 def find_py_spy() -> str | None:
-    """``py-spy`` next to this interpreter (a venv) or on ``PATH``."""
-    beside = Path(sys.executable).with_name("py-spy")
-    if beside.exists():
-        return str(beside)
+    """``py-spy`` beside an injected runtime (``<root>/bin``, see
+    :mod:`lockstep_sglang.install`), next to this interpreter (a venv) or on ``PATH``."""
+    for beside in (
+        Path(__file__).resolve().parent.parent / "bin" / "py-spy",
+        Path(sys.executable).with_name("py-spy"),
+    ):
+        if beside.exists():
+            return str(beside)
     return shutil.which("py-spy")
 
 

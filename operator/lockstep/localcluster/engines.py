@@ -19,6 +19,15 @@ SGLang's own argv; the process kubelet maps that entrypoint to a local program:
 
 Where the two differ, the stand-in is wrong.
 
+A pod of a stock SGLang image gets lockstep's runtime from an init container
+(`lockstep-runtime-install <volume>`, see `lockstep_sglang.install`), mapped here to this
+checkout's `python -m lockstep_sglang.install`: it copies the runtime into the pod's own
+volume directory. Its SGLang container then runs `python3 <volume>/launch.py`: on the
+`sglang` engine that is exactly what runs (this interpreter, the copied launcher and
+hooks, the real server); the stand-in, which is not part of the copied runtime, runs in
+its place once the copy is there (a missing `launch.py` fails the start as it would in a
+container).
+
 Either engine also runs the operator image's entrypoint (`lockstep operator`, as the
 chart's Deployment renders it) as this checkout's `python -m lockstep.cli operator`, with
 `--bind-address <pod IP>` added: its servers (liveness, metrics, webhook) listen on the
@@ -34,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lockstep import constants as c
 from lockstep.localcluster import sglang_cpu
 
 EngineName = Literal["standin", "sglang"]
@@ -42,6 +52,15 @@ ENGINES: tuple[EngineName, ...] = ("standin", "sglang")
 ENTRYPOINT = "lockstep-sglang"
 ROUTER_MODULE = "sglang_router.launch_router"
 LAUNCHER = (sys.executable, "-m", "lockstep_sglang.launcher")
+# A stock image's entrypoint as the operator renders it (lockstep.constants): the
+# image's Python on the launcher its init container copied into the runtime volume.
+RUNTIME_MOUNT = c.RUNTIME_MOUNT
+INJECTED_ENTRYPOINT = ("python3", c.RUNTIME_LAUNCH)
+RUNTIME_INSTALL = (c.RUNTIME_INSTALL,)
+INSTALLER = (sys.executable, "-m", "lockstep_sglang.install")
+# The real engine runs the injected launcher itself: `complete` puts the local path of
+# the pod's copy in place of this word.
+INJECTED_LAUNCH = "<runtime volume>/launch.py"
 STANDIN = (sys.executable, "-m", "lockstep_sglang.standin")
 OPERATOR_ENTRYPOINT = ("lockstep", "operator")  # charts/lockstep/templates/deployment.yaml
 OPERATOR = (sys.executable, "-m", "lockstep.cli", "operator")
@@ -50,6 +69,11 @@ FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"  # lockstep_sglang.faults (not impor
 FAULT_FILE = "fault.json"
 REQUEST_LOG = "requests.jsonl"  # the stand-in's name (lockstep.dev.traffic reads it)
 GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class EngineError(RuntimeError):
+    """A container this engine cannot start as rendered (the message says why)."""
+
 
 CommandTable = Mapping[tuple[str, ...], Sequence[str]]
 """Leading words of a container's command + args -> the local argv that replaces them
@@ -64,6 +88,8 @@ class ContainerContext:
     pod: Mapping[str, Any]
     pod_ip: str
     pod_dir: Path
+    # The container's mount paths -> their local directories.
+    mounts: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
@@ -94,7 +120,20 @@ class Engine:
             if _flag_value(argv, BIND_ADDRESS_FLAG) is None:
                 argv = [*argv, f"{BIND_ADDRESS_FLAG}={ctx.pod_ip}"]
             return argv, env
-        if self.name != "sglang" or tuple(argv[: len(LAUNCHER)]) != LAUNCHER:
+        injected = _injected_launch(ctx)
+        if injected is not None:
+            launch = Path(injected)
+            if not launch.is_file() or not (launch.parent / "lockstep_sglang").is_dir():
+                raise EngineError(
+                    f"{launch} is missing: the runtime volume holds no lockstep runtime "
+                    "(did the init container lockstep-runtime-install run?)"
+                )
+        if injected is not None and argv[:2] == [sys.executable, INJECTED_LAUNCH]:
+            argv = [sys.executable, injected, *argv[2:]]
+        if self.name != "sglang" or not (
+            tuple(argv[: len(LAUNCHER)]) == LAUNCHER
+            or (injected is not None and argv[:2] == [sys.executable, injected])
+        ):
             return argv, env
         mode = _flag_value(argv, "--disaggregation-mode")
         argv = [*argv, *sglang_cpu.cpu_flags(mode)]
@@ -107,6 +146,14 @@ class Engine:
         env["LOCKSTEP_LOCAL_POD"] = "1"
         env["LOCKSTEP_REQUEST_LOG"] = str(ctx.pod_dir / REQUEST_LOG)
         return argv, env
+
+
+def _injected_launch(ctx: ContainerContext) -> str | None:
+    """The local path of the injected launcher when the container runs it."""
+    command = list(ctx.container.get("command") or [])
+    if tuple(command[:2]) != INJECTED_ENTRYPOINT or RUNTIME_MOUNT not in ctx.mounts:
+        return None
+    return f"{ctx.mounts[RUNTIME_MOUNT]}/launch.py"
 
 
 def _flag_value(argv: Sequence[str], flag: str) -> str | None:
@@ -124,6 +171,9 @@ def engine(name: EngineName = "standin") -> Engine:
         raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
     commands: dict[tuple[str, ...], Sequence[str]] = {
         (ENTRYPOINT,): STANDIN if name == "standin" else LAUNCHER,
+        # The injected launcher: the real one from the runtime volume, or the stand-in.
+        INJECTED_ENTRYPOINT: STANDIN if name == "standin" else (sys.executable, INJECTED_LAUNCH),
+        RUNTIME_INSTALL: INSTALLER,
         ("python3", "-m", ROUTER_MODULE): (sys.executable, "-m", ROUTER_MODULE),
         OPERATOR_ENTRYPOINT: OPERATOR,
     }

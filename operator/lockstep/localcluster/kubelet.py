@@ -93,6 +93,7 @@ from lockstep.localcluster.engines import (
     CommandTable,
     ContainerContext,
     Engine,
+    EngineError,
     engine,
 )
 
@@ -326,10 +327,12 @@ def container_env(
     pod_dir: Path,
     inherited: Mapping[str, str],
     secrets: SecretLookup | None = None,
+    mounts: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of one container's process. Raises `MissingConfig` for a Secret
     or key that is not there (yet), `ContainerConfigError` for anything this kubelet
-    cannot provide (envFrom, config map references)."""
+    cannot provide (envFrom, config map references). Literal values naming a path under
+    one of the container's `mounts` name its local directory instead."""
     name = container.get("name", "")
     if container.get("envFrom"):
         raise ContainerConfigError(f"container {name}: envFrom is not supported")
@@ -340,7 +343,7 @@ def container_env(
         key = var["name"]
         source = var.get("valueFrom")
         if source is None:
-            env[key] = expand_refs(str(var.get("value", "")), env)
+            env[key] = rewrite_mounts(expand_refs(str(var.get("value", "")), env), mounts or {})
         elif set(source) == {"fieldRef"}:
             env[key] = field_value(pod, source["fieldRef"]["fieldPath"], pod_ip)
         elif set(source) == {"secretKeyRef"}:
@@ -357,6 +360,46 @@ def container_env(
 
 
 SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:authenticated")
+
+
+def volume_dirs(pod: Mapping[str, Any], pod_dir: Path) -> dict[str, Path]:
+    """Where each volume of the pod lives here: an `emptyDir` is a directory of the pod's
+    own (created now, kept across container restarts, gone with the pod), a `hostPath`
+    is that path; other kinds have no local form and are left out."""
+    dirs: dict[str, Path] = {}
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if "emptyDir" in volume:
+            path = pod_dir / "volumes" / volume["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            dirs[volume["name"]] = path
+        elif "hostPath" in volume:
+            dirs[volume["name"]] = Path(volume["hostPath"]["path"])
+    return dirs
+
+
+def mount_map(container: Mapping[str, Any], volumes: Mapping[str, Path]) -> dict[str, str]:
+    """A container's mount paths -> the local directories of their volumes (mounts of a
+    volume with no local form, and `/dev/shm`, which every process here shares, are
+    left alone)."""
+    out: dict[str, str] = {}
+    for mount in container.get("volumeMounts") or []:
+        path = str(mount["mountPath"]).rstrip("/")
+        local = volumes.get(mount["name"])
+        if local is not None and path and path != "/dev/shm":
+            out[path] = str(local)
+    return out
+
+
+def rewrite_mounts(text: str, mounts: Mapping[str, str]) -> str:
+    """`text` with every path under a mount path (as a whole path: at the start of the
+    text or after a space, `=`, `:` or a quote) moved to the mount's local directory:
+    there is no mount namespace here, so a container's view of its volumes becomes
+    real paths in its argv and env."""
+    for path in sorted(mounts, key=len, reverse=True):
+        pattern = re.compile(r"(^|[\s=:'\"])" + re.escape(path) + r"(?=$|[/\s:'\"])")
+        # A function, not a template: the local directory is inserted verbatim.
+        text = pattern.sub(lambda m, local=mounts[path]: m.group(1) + local, text)  # type: ignore[misc]
+    return text
 
 
 def service_account_of(pod: Mapping[str, Any]) -> str | None:
@@ -398,13 +441,18 @@ def local_argv(
     container: Mapping[str, Any],
     env: Mapping[str, str],
     commands: CommandTable,
+    mounts: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The argv that runs a container here, before `--dist-init-addr` is resolved.
+    """The argv that runs a container here, before `--dist-init-addr` is resolved: the
+    longest key of `commands` that the container's words start with is replaced by its
+    local program (the words are matched as the container sees them); the container's
+    own words that name a path under one of its `mounts` name the local directory.
 
     Raises `CannotRun` when the command is neither in `commands` nor an executable found
     on the container's PATH."""
     command = [expand_refs(str(a), env) for a in container.get("command") or []]
     args = [expand_refs(str(a), env) for a in container.get("args") or []]
+    mounts = mounts or {}
     name = container.get("name", "")
     if not command:
         raise CannotRun(
@@ -415,7 +463,9 @@ def local_argv(
     matches = [key for key in commands if key and tuple(words[: len(key)]) == key]
     if matches:
         key = max(matches, key=len)
-        return [*commands[key], *words[len(key) :]]
+        return [*commands[key], *(rewrite_mounts(w, mounts) for w in words[len(key) :])]
+    command = [rewrite_mounts(w, mounts) for w in command]
+    args = [rewrite_mounts(w, mounts) for w in args]
     executable = command[0]
     if "/" in executable:
         found = executable if os.path.isfile(executable) and os.access(executable, os.X_OK) else ""
@@ -558,11 +608,14 @@ def gate_states(pod: Mapping[str, Any]) -> dict[str, bool]:
 
 
 def pod_conditions(
-    pod: Mapping[str, Any], containers: Sequence[ContainerView]
+    pod: Mapping[str, Any],
+    containers: Sequence[ContainerView],
+    pending_init: Sequence[str] = (),
 ) -> list[tuple[str, bool, str, str]]:
-    """`(type, status, reason, message)` of the conditions a kubelet owns. Ready needs
-    every container ready and every readiness gate True; the gates' own conditions
-    belong to whoever sets them and are never written here."""
+    """`(type, status, reason, message)` of the conditions a kubelet owns. Initialized
+    waits for every init container (`pending_init`: those not completed yet); Ready
+    needs every container ready and every readiness gate True; the gates' own
+    conditions belong to whoever sets them and are never written here."""
     not_ready = [c.name for c in containers if not c.ready]
     containers_ready = not not_ready
     gates = gate_states(pod)
@@ -575,9 +628,16 @@ def pod_conditions(
     else:
         reason, message = "", ""
     ready = containers_ready and not false_gates
+    initialized = not pending_init
+    init_message = "" if initialized else f"containers with incomplete status: {list(pending_init)}"
     return [
         ("PodScheduled", True, "", ""),
-        ("Initialized", True, "", ""),
+        (
+            "Initialized",
+            initialized,
+            "" if initialized else "ContainersNotInitialized",
+            init_message,
+        ),
         ("ContainersReady", containers_ready, "" if containers_ready else reason, ""),
         ("Ready", ready, reason, message),
     ]
@@ -1231,11 +1291,25 @@ class _PodWorker(threading.Thread):
                 )
             )
         self._restart_policy = str(pod["spec"].get("restartPolicy", "Always"))
-        self._init_error = (
-            "init containers are not supported by the process kubelet"
-            if pod["spec"].get("initContainers")
-            else ""
-        )
+        self.volumes = volume_dirs(pod, self.dir)
+        # Init containers run one after the other, each to success, before any container
+        # starts (a failed one is run again after a back-off); once all succeeded the pod
+        # is initialized for good (container restarts do not run them again).
+        previous_init = {
+            s["name"]: s for s in (pod.get("status") or {}).get("initContainerStatuses") or []
+        }
+        self.init_containers = [
+            _Container(
+                spec=spec,
+                log_path=self.dir / f"init-{spec['name']}.log",
+                restart_count=int(previous_init.get(spec["name"], {}).get("restartCount", 0)),
+                waiting=("PodInitializing", "") if i else ("ContainerCreating", ""),
+            )
+            for i, spec in enumerate(pod["spec"].get("initContainers") or [])
+        ]
+        if self.init_containers:
+            for container in self.containers:
+                container.waiting = ("PodInitializing", "")
 
     # called from other threads
     def update(self, pod: Obj | None) -> None:
@@ -1275,22 +1349,63 @@ class _PodWorker(threading.Thread):
         except Exception as exc:
             kubelet._record(f"pod {self.namespace}/{self.name}: {exc!r}")
         finally:
-            for container in self.containers:
+            for container in [*self.init_containers, *self.containers]:
                 self._kill(container, signal.SIGKILL, wait=5.0)
             http.close()
             kubelet._addresses.release(self.ip)
             kubelet._forget(self)
 
+    def pending_init(self) -> list[str]:
+        """The init containers that have not completed yet."""
+        return [c.name for c in self.init_containers if c.terminated is None]
+
+    def _step_init(self, pod: Obj, http: httpx.Client) -> bool:
+        """Run the init containers in order; True once every one completed."""
+        for container in self.init_containers:
+            if container.terminated is not None:
+                continue
+            if container.process is not None:
+                self._init_exited(container)
+            elif not container.permanent and time.monotonic() >= container.next_start:
+                self._start(container, pod, http)
+            return False
+        return True
+
+    def _init_exited(self, container: _Container) -> None:
+        process = container.process
+        assert process is not None
+        if not _leader_exited(process):
+            return
+        returncode = _reap_group(process)
+        self.kubelet._track(process.pid, alive=False)
+        code, sig = exit_code(returncode)
+        terminated: Obj = {
+            "exitCode": code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": container.started_at,
+            "finishedAt": rfc3339(time.time()),
+            "containerID": f"process://{process.pid}",
+        }
+        if sig is not None:
+            terminated["signal"] = sig
+        container.process = None
+        if code == 0:
+            container.terminated = terminated
+            return
+        container.last_terminated = terminated
+        container.restart_pending = True
+        message = f"back-off restarting failed init container {container.name} (exit code {code})"
+        self._backoff(container, ("Init:CrashLoopBackOff", message))
+
     def _step(self, pod: Obj, http: httpx.Client) -> None:
+        if not self._step_init(pod, http):
+            return
         now = time.monotonic()
         for container in self.containers:
             if container.process is not None:
                 if self._exited(container):
                     continue
                 self._probe(container, now)
-            elif self._init_error:
-                container.waiting = ("ContainerCannotRun", self._init_error)
-                container.permanent = True
             elif (
                 not container.permanent
                 and container.terminated is None
@@ -1314,8 +1429,10 @@ class _PodWorker(threading.Thread):
                 pod_dir=self.dir,
                 inherited=inherited,
                 secrets=lambda name: read_secret(http, self.namespace, name),
+                mounts=mount_map(container.spec, self.volumes),
             )
-            argv = local_argv(container.spec, env, kubelet.commands)
+            mounts = mount_map(container.spec, self.volumes)
+            argv = local_argv(container.spec, env, kubelet.commands, mounts)
         except CannotRun as exc:
             container.waiting, container.permanent = ("ContainerCannotRun", str(exc)), True
             return
@@ -1347,9 +1464,13 @@ class _PodWorker(threading.Thread):
             argv = with_dist_init_ip(argv, ip)
         container.rendezvous_since = None
         argv = with_pod_host(argv, self.ip)
-        argv, env = (kubelet.engine or _STANDIN).complete(
-            argv, env, ContainerContext(container.spec, pod, self.ip, self.dir)
-        )
+        try:
+            argv, env = (kubelet.engine or _STANDIN).complete(
+                argv, env, ContainerContext(container.spec, pod, self.ip, self.dir, mounts)
+            )
+        except EngineError as exc:
+            self._backoff(container, ("RunContainerError", str(exc)))
+            return
         _rotate(container.log_path)
         started = time.time()
         with open(container.log_path, "ab") as log:
@@ -1450,9 +1571,10 @@ class _PodWorker(threading.Thread):
 
     def _report(self, http: httpx.Client, pod: Obj) -> None:
         views = [c.view() for c in self.containers]
+        init_views = [c.view() for c in self.init_containers]
         now = rfc3339(time.time())
         conditions = []
-        for kind, holds, reason, message in pod_conditions(pod, views):
+        for kind, holds, reason, message in pod_conditions(pod, views, self.pending_init()):
             previous = self._transitions.get(kind)
             if previous is None or previous[0] != holds:
                 self._transitions[kind] = (holds, now)
@@ -1462,10 +1584,10 @@ class _PodWorker(threading.Thread):
                 "lastProbeTime": None,
                 "lastTransitionTime": self._transitions[kind][1],
             }
-            if reason:
-                condition["reason"] = reason
-            if message:
-                condition["message"] = message
+            # null deletes a field in a strategic merge patch: a condition that holds
+            # again keeps no stale reason or message from when it did not.
+            condition["reason"] = reason or None
+            condition["message"] = message or None
             conditions.append(condition)
         status: Obj = {
             "phase": pod_phase(views, self._restart_policy),
@@ -1477,6 +1599,8 @@ class _PodWorker(threading.Thread):
             "conditions": conditions,
             "containerStatuses": [v.status() for v in views],
         }
+        if init_views:
+            status["initContainerStatuses"] = [v.status() for v in init_views]
         # Unchanged status is sent again now and then, in case another writer replaced it.
         if status == self._last_sent and time.monotonic() - self._last_sent_at < _RESEND_SECONDS:
             return
@@ -1500,6 +1624,8 @@ class _PodWorker(threading.Thread):
         with self.kubelet._lock:
             self.terminating = True
         started = time.monotonic()
+        for container in self.init_containers:
+            self._kill(container, signal.SIGKILL, wait=5.0)
         for container in self.containers:
             self._kill(container, signal.SIGTERM, wait=0.0)
         while any(c.process is not None for c in self.containers):
