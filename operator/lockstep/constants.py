@@ -13,7 +13,8 @@ SINGULAR = "pddeployment"
 SHORT_NAME = "pdd"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
-# The SGLang release whose flags, loops and sources lockstep is written against.
+# The newest SGLang release lockstep supports (every supported one has a flag table in
+# lockstep/policy/sglang_flags and pins in lockstep_sglang/sglang_pins).
 SGLANG_VERSION = "0.5.23"
 
 ROLES = ("prefill", "decode")
@@ -63,6 +64,7 @@ ENV_GLOO_TIMEOUT = "LOCKSTEP_GLOO_TIMEOUT_SECONDS"
 ENV_AGENT_PORT = "LOCKSTEP_AGENT_PORT"
 ENV_GROUP_EPOCH = "LOCKSTEP_GROUP_EPOCH"
 ENV_POD_NAME = "LOCKSTEP_POD_NAME"
+ENV_SGLANG_VERSION = "LOCKSTEP_SGLANG_VERSION"  # lockstep_sglang.config (declared release)
 # The pod agent's `POST /restart` token, from the deployment's agent-token Secret.
 ENV_AGENT_TOKEN = "LOCKSTEP_AGENT_TOKEN"
 # The runtime's test-only fault switch (lockstep_sglang.faults): never rendered.

@@ -385,8 +385,12 @@ class PDDeploymentSpec(_Model):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy."
     )
-    sglang_version: str = Field(
-        c.SGLANG_VERSION, description="SGLang version inside the image (policy table)."
+    sglang_version: str | None = Field(
+        None,
+        pattern=r"^\d+\.\d+\.\d+$",
+        description="The SGLang release inside spec.image (the flag table, rules and pins "
+        "it is judged by); default: the release the image tag names (v0.5.23-cu130), else "
+        "the newest supported. The launcher refuses an image that runs another release.",
     )
     transfer: TransferSpec = Field(
         default_factory=TransferSpec,

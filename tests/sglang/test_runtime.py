@@ -38,7 +38,9 @@ def test_installed_sglang_matches_every_pin_and_keeps_the_seed_fixes(
     # And a different version is refused before any source is looked at.
     other = pins.check(installed_version="0.5.24")
     assert not other.ok
-    assert "written against SGLang 0.5.23, installed is SGLang 0.5.24" in other.message()
+    assert "refuses to start on SGLang 0.5.24 (supported: 0.5.21, 0.5.22, 0.5.23)" in (
+        other.message()
+    )
 
 
 def test_seed_fix_check_fails_when_a_fix_is_lost(sglang_hooks: ModuleType) -> None:

@@ -18,6 +18,7 @@ pod agent) inherits the same settings without extra plumbing.
 | ``LOCKSTEP_GROUP_EPOCH`` | unset | the group epoch the operator created the pod in (decimal) |
 | ``LOCKSTEP_AGENT_TOKEN`` | unset | bearer token of the agent's ``/ranks``, ``/stacks`` and ``/restart`` (unset: they answer 403) |
 | ``LOCKSTEP_POD_NAME`` | unset | echoed by the agent's ``/ranks`` |
+| ``LOCKSTEP_SGLANG_VERSION`` | unset | the SGLang release the deployment declares (``spec.sglangVersion``): the launcher refuses an image that runs another (unset: any supported release) |
 
 The group epoch: the operator renders it into the pod (``LOCKSTEP_GROUP_EPOCH``, and the
 port of ``--dist-init-addr``: ``20000 + epoch % 1000``). An in-place restart
@@ -56,6 +57,7 @@ PROBE_MAX_TIMEOUT_ENV = "LOCKSTEP_PROBE_MAX_TIMEOUT_S"
 EXIT_HOLD_ENV = "LOCKSTEP_EXIT_HOLD_S"
 DEFAULT_EXIT_HOLD_S = 30.0
 EPOCH_ENV = "LOCKSTEP_GROUP_EPOCH"
+SGLANG_VERSION_ENV = "LOCKSTEP_SGLANG_VERSION"  # the deployment's spec.sglangVersion
 EPOCH_FILE = "epoch"
 # Must equal the operator's DIST_PORT_BASE / DIST_PORT_SPAN (lockstep.constants); a unit
 # test checks dist_port against lockstep.builders.dist_port (this package cannot import it).
@@ -100,6 +102,9 @@ class RuntimeConfig:
     probe_timeout_s: float
     probe_max_timeout_s: float
     exit_hold_s: float = DEFAULT_EXIT_HOLD_S
+    # The SGLang release the deployment declares (the operator renders it): the launcher
+    # refuses an image that runs another one. None: whatever supported release it finds.
+    sglang_version: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
@@ -119,6 +124,7 @@ class RuntimeConfig:
             probe_timeout_s=_seconds(env, PROBE_TIMEOUT_ENV, probe.DEFAULT_TIMEOUT_S),
             probe_max_timeout_s=_seconds(env, PROBE_MAX_TIMEOUT_ENV, probe.MAX_TIMEOUT_S),
             exit_hold_s=_seconds(env, EXIT_HOLD_ENV, DEFAULT_EXIT_HOLD_S, zero_ok=True),
+            sglang_version=env.get(SGLANG_VERSION_ENV, "").strip() or None,
         )
 
 

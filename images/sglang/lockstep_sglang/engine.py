@@ -44,11 +44,13 @@ def refuse(message: str) -> int:
     return EXIT_REFUSED
 
 
-def check_pins() -> pins.PinReport:
-    """The pin check, with SGLang's CUDA-only import warnings silenced on CPU machines."""
+def check_pins(declared: str | None = None) -> pins.PinReport:
+    """The pin check of the installed SGLang against its release's pins (and against the
+    release the deployment `declared`), with SGLang's CUDA-only import warnings silenced
+    on CPU machines."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return pins.check()
+        return pins.check(expected_version=declared)
 
 
 def unsupported_mode(server_args: object, environ: Mapping[str, str] | None = None) -> str | None:
@@ -84,7 +86,7 @@ SERVER_ARGS_READ = (*UNSUPPORTED_FLAGS, "tokenizer_worker_num", "pp_size", "node
 
 def run(config: RuntimeConfig, sglang_argv: list[str]) -> int:
     """Check, then serve until SGLang stops; returns the exit code."""
-    report = check_pins()
+    report = check_pins(config.sglang_version)
     if not report.ok:
         return refuse(report.message())
     from sglang.srt.plugins import load_plugins

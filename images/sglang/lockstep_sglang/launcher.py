@@ -227,14 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ[CONSENSUS_SGLANG_ENV] = "1" if config.consensus else "0"
     if args.lockstep_check:
         from lockstep_sglang.engine import check_pins
-        from lockstep_sglang.pins import PINNED_SOURCES
+        from lockstep_sglang.pins import SUPPORTED
 
-        report = check_pins()
+        report = check_pins(config.sglang_version)
         if not report.ok:
             return refuse(report.message())
+        pinned = SUPPORTED[str(report.installed_version)].sources
         print(
             f"lockstep-sglang: SGLang {report.installed_version} matches "
-            f"{len(PINNED_SOURCES)} pinned sources"
+            f"{len(pinned)} pinned sources"
         )
         return 0
     return run_server(config, sglang_argv)

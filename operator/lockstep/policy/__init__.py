@@ -1,7 +1,16 @@
 """The safety-flag policy engine (pure): see `lockstep.policy.engine`."""
 
-from lockstep.policy.engine import RULES, Finding, PolicyResult, RolePolicy, Rule, evaluate
-from lockstep.policy.flags import FlagTable, load_flag_table
+from lockstep.policy.engine import (
+    RULES,
+    Finding,
+    PolicyResult,
+    RolePolicy,
+    Rule,
+    evaluate,
+    image_sglang_version,
+    sglang_version,
+)
+from lockstep.policy.flags import FlagTable, load_flag_table, supported_versions
 
 __all__ = [
     "RULES",
@@ -11,5 +20,8 @@ __all__ = [
     "RolePolicy",
     "Rule",
     "evaluate",
+    "image_sglang_version",
     "load_flag_table",
+    "sglang_version",
+    "supported_versions",
 ]

@@ -19,6 +19,7 @@ Every rule is listed in `RULES` with the SGLang issues it comes from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from lockstep.policy.flags import (
     check_value,
     load_flag_table,
     split_args,
+    supported_versions,
 )
 
 Severity = Literal["error", "warning", "info"]
@@ -40,11 +42,17 @@ Action = Literal["adjusted", "rejected", "reported"]
 
 @dataclass(frozen=True)
 class Rule:
-    """A policy rule: id, what it guards against, the SGLang issues behind it."""
+    """A policy rule: id, what it guards against, the SGLang issues behind it, and the
+    SGLang releases it is for (None: every supported release)."""
 
     id: str
     title: str
     issues: tuple[str, ...] = ()
+    versions: tuple[str, ...] | None = None
+
+    def applies(self, version: str) -> bool:
+        """Whether the rule is for SGLang `version`."""
+        return self.versions is None or version in self.versions
 
 
 RULES: dict[str, Rule] = {
@@ -93,7 +101,18 @@ RULES: dict[str, Rule] = {
             "sequences (present in 0.5.23)",
             ("sglang#36928",),
         ),
-        Rule("sglang-version", "The image's SGLang version must be the one lockstep pins"),
+        Rule(
+            "decode-transfer-hold",
+            "PD decode with TP>1: a failed KV transfer is held or released by each rank on "
+            "its own (0.5.23 agrees across ranks with an all_reduce first), so ranks can "
+            "take different paths after a transfer failure",
+            versions=("0.5.21", "0.5.22"),
+        ),
+        Rule(
+            "sglang-version",
+            "The SGLang release (spec.sglangVersion, or the image tag) must be one lockstep "
+            "supports, and the two must agree",
+        ),
         Rule(
             "operator-owned-env",
             "Environment variables the operator sets for the runtime may not be overridden",
@@ -135,6 +154,7 @@ OWNED_FLAGS: dict[str, str] = {
 
 # Env the operator sets for the runtime; users may not override these.
 OWNED_ENV = (
+    c.ENV_SGLANG_VERSION,
     c.ENV_CONSENSUS,
     c.ENV_GLOO_TIMEOUT,
     c.ENV_AGENT_PORT,
@@ -234,6 +254,7 @@ class PolicyResult:
     """The verdict for both roles."""
 
     roles: dict[str, RolePolicy]
+    sglang_version: str = ""  # the release the spec was judged for
 
     @property
     def findings(self) -> list[Finding]:
@@ -254,6 +275,7 @@ class PolicyResult:
         """`{"accepted", "findings", "effective": {role: argv}}` for `lockstep check -o json`."""
         return {
             "accepted": self.accepted,
+            "sglangVersion": self.sglang_version,
             "findings": [f.to_dict() for f in self.findings],
             "effective": {name: list(r.argv) for name, r in self.roles.items()},
         }
@@ -271,6 +293,7 @@ class _Ctx:
     added: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     user_env: list[EnvVar] = field(default_factory=list)
+    version: str = ""
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -330,17 +353,44 @@ class _Ctx:
         self.env[c.ENV_CONSENSUS] = "1"
 
 
+IMAGE_TAG_VERSION = re.compile(r"^v?(\d+\.\d+\.\d+)(?:$|[^\d.])")
+
+
+def image_sglang_version(image: str) -> str | None:
+    """The SGLang release an image's tag names (`lmsysorg/sglang:v0.5.23-cu130`,
+    `...:0.5.22`), or None."""
+    ref = image.split("@", 1)[0]
+    name, _, tag = ref.rpartition(":")
+    if not name or "/" in tag:  # no tag (a registry port is not one)
+        return None
+    found = IMAGE_TAG_VERSION.match(tag)
+    return found[1] if found else None
+
+
+def sglang_version(spec: PDDeploymentSpec) -> str:
+    """The SGLang release a spec is judged for: `spec.sglangVersion`, else the one the
+    image tag names, else the newest supported."""
+    return spec.sglang_version or image_sglang_version(spec.image) or supported_versions()[-1]
+
+
 def evaluate(spec: PDDeploymentSpec, table: FlagTable | None = None) -> PolicyResult:
-    """Run the policy on both roles of a PDDeployment spec."""
-    table = table or load_flag_table()
-    return PolicyResult({name: evaluate_role(spec, name, table) for name in c.ROLES})
+    """Run the policy on both roles of a PDDeployment spec, for its SGLang release."""
+    version = sglang_version(spec)
+    if table is None:
+        table = load_flag_table(version if version in supported_versions() else None)
+    return PolicyResult(
+        {name: evaluate_role(spec, name, table, version) for name in c.ROLES}, version
+    )
 
 
-def evaluate_role(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> RolePolicy:
+def evaluate_role(
+    spec: PDDeploymentSpec, role_name: str, table: FlagTable, version: str | None = None
+) -> RolePolicy:
     """Run the policy on one role: the effective SGLang argv, env and findings."""
     role = spec.role(role_name)
     split = split_args(list(role.args))
-    ctx = _Ctx(role_name, role, spec, table, split.items, user_env=list(role.env))
+    version = version or sglang_version(spec)
+    ctx = _Ctx(role_name, role, spec, table, split.items, user_env=list(role.env), version=version)
     for index, token in split.stray:
         ctx.invalid(
             "flag-value",
@@ -357,20 +407,23 @@ def evaluate_role(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> R
     _rule_dist_timeout(ctx)
     _rule_hicache_prefetch(ctx)
     _rule_decode_queue(ctx)
+    _rule_decode_transfer_hold(ctx)
     user_env = {var.name for var in ctx.user_env}
     env = {
         **FLIGHT_RECORDER_ENV,
         **{k: v for k, v in PEER_FAILURE_ENV.get(role_name, {}).items() if k not in user_env},
         c.ENV_GLOO_TIMEOUT: str(spec.safety.gloo_timeout_seconds),
         c.ENV_AGENT_PORT: str(c.PORT_AGENT),
+        # The launcher refuses an image that runs another release.
+        c.ENV_SGLANG_VERSION: version,
         **ctx.env,
     }
     user_args = (*(t for item in ctx.items for t in item.tokens()), *ctx.added)
-    argv = (*_operator_argv(spec, role_name), *user_args)
+    argv = (*_operator_argv(spec, role_name, table), *user_args)
     return RolePolicy(role_name, argv, env, tuple(ctx.findings), user_args, tuple(ctx.user_env))
 
 
-def _operator_argv(spec: PDDeploymentSpec, role_name: str) -> list[str]:
+def _operator_argv(spec: PDDeploymentSpec, role_name: str, table: FlagTable) -> list[str]:
     """The role-wide flags the operator owns (per-pod ones are added by the builders)."""
     role = spec.role(role_name)
     transfer = spec.transfer_for(role_name)
@@ -399,7 +452,11 @@ def _operator_argv(spec: PDDeploymentSpec, role_name: str) -> list[str]:
     if role.dp > 1:
         argv += ["--dp-size", str(role.dp)]
     if role.dp_attention:
-        argv += ["--attn-dp-size", str(role.dp)]
+        # 0.5.22 and later size attention DP; 0.5.21 has only the switch.
+        if table.lookup("--attn-dp-size") is not None:
+            argv += ["--attn-dp-size", str(role.dp)]
+        else:
+            argv += ["--enable-dp-attention"]
     if role.ep > 1:
         argv += ["--ep-size", str(role.ep)]
     return argv
@@ -409,14 +466,42 @@ def _operator_argv(spec: PDDeploymentSpec, role_name: str) -> list[str]:
 
 
 def _check_version(ctx: _Ctx) -> None:
-    if ctx.spec.sglang_version != ctx.table.sglang_version:
+    if ctx.role_name != c.ROLES[0]:
+        return  # a finding about the spec, once
+    spec = ctx.spec
+    supported = supported_versions()
+    tagged = image_sglang_version(spec.image)
+    how_to_add = (
+        "to add one, run .ci/sglang-release <version> (README: Supporting a new SGLang release)"
+    )
+    if spec.sglang_version and tagged and spec.sglang_version != tagged:
         ctx.invalid(
             "sglang-version",
             "spec.sglangVersion",
-            f"SGLang {ctx.spec.sglang_version} is not supported: lockstep's flag table, "
-            f"hooks and probes are written against {ctx.table.sglang_version}",
-            f"use an image built on SGLang {ctx.table.sglang_version} and set "
-            f"sglangVersion: {ctx.table.sglang_version!r}",
+            f"declares SGLang {spec.sglang_version}, but spec.image ({spec.image}) is tagged "
+            f"{tagged}",
+            "make spec.sglangVersion and the image tag name the same release",
+        )
+    elif ctx.version not in supported:
+        fld = "spec.sglangVersion" if spec.sglang_version else "spec.image"
+        ctx.invalid(
+            "sglang-version",
+            fld,
+            f"SGLang {ctx.version} is not supported (supported: {', '.join(supported)})",
+            f"use an image of a supported release; {how_to_add}",
+        )
+    elif not spec.sglang_version and not tagged:
+        ctx.findings.append(
+            Finding(
+                "sglang-version",
+                "warning",
+                "spec.sglangVersion",
+                f"not set, and the tag of spec.image ({spec.image}) names no release: judged "
+                f"as SGLang {ctx.version}, the newest supported; the launcher refuses an "
+                "image that runs another release",
+                f"set spec.sglangVersion (supported: {', '.join(supported)})",
+                "reported",
+            )
         )
 
 
@@ -709,6 +794,33 @@ def _rule_hicache_prefetch(ctx: _Ctx) -> None:
         "check_prefetch_progress; the operator turns on the rank consensus guard so a "
         "divergence ends the group and it restarts",
         "remove --hicache-storage-backend, or accept the guard (mode Enforce)",
+        ctx.guard,
+    )
+
+
+def _rule_decode_transfer_hold(ctx: _Ctx) -> None:
+    role = ctx.role
+    attn_tp = role.tp // role.dp if role.dp_attention else role.tp
+    rule = RULES["decode-transfer-hold"]
+    if ctx.role_name != "decode" or attn_tp <= 1 or not rule.applies(ctx.version):
+        return
+    message = (
+        f"SGLang {ctx.version} PD decode with attention TP{attn_tp}: after a failed KV "
+        "transfer each rank holds or releases the request on its own; the rank consensus "
+        "guard turns a divergence into a fast group restart (0.5.23 agrees across ranks)"
+    )
+    if ctx.spec.safety.overlap_schedule == "Guarded":
+        ctx.guard()
+        ctx.findings.append(
+            Finding("decode-transfer-hold", "info", "spec.decode.tp", message,
+                    "none needed (guarded)", "adjusted")
+        )  # fmt: skip
+        return
+    ctx.unsafe(
+        "decode-transfer-hold",
+        "spec.decode.tp",
+        message,
+        "use mode Enforce (turns the guard on), SGLang 0.5.23, or overlapSchedule: Guarded",
         ctx.guard,
     )
 

@@ -1,7 +1,8 @@
 """The SGLang flag table and the splitting of a user's `args` into flags with values.
 
-The table (`sglang_flags.json`) is generated from the real `ServerArgs` parser of the
-pinned SGLang by `.ci/gen-sglang-flags`; the operator never imports SGLang. We do not
+One table per supported SGLang release (`sglang_flags/<version>.json`), generated from the
+real `ServerArgs` parser of that release by `.ci/gen-sglang-flags`; the operator never
+imports SGLang. We do not
 hand the user's args to an `argparse` parser rebuilt from the table: argparse stops at
 the first error (and exits), while the policy must report *every* problem with the index
 of the offending arg. So this module only splits args into (flag, values) items and
@@ -64,11 +65,26 @@ class FlagTable:
         return found[0] if found else None
 
 
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
 @cache
-def load_flag_table() -> FlagTable:
-    """The committed table for the pinned SGLang release."""
-    text = resources.files("lockstep.policy").joinpath("sglang_flags.json").read_text()
-    raw = json.loads(text)
+def supported_versions() -> tuple[str, ...]:
+    """Every SGLang release with a committed flag table, oldest first."""
+    tables = resources.files("lockstep.policy").joinpath("sglang_flags")
+    names = [t.name.removesuffix(".json") for t in tables.iterdir() if t.name.endswith(".json")]
+    return tuple(sorted(names, key=_version_key))
+
+
+@cache
+def load_flag_table(version: str | None = None) -> FlagTable:
+    """The committed table of one SGLang release (default: the newest supported)."""
+    version = version or supported_versions()[-1]
+    if version not in supported_versions():
+        raise KeyError(f"no flag table for SGLang {version}")
+    path = resources.files("lockstep.policy").joinpath("sglang_flags", f"{version}.json")
+    raw = json.loads(path.read_text())
     by_option: dict[str, FlagSpec] = {}
     for f in raw["flags"]:
         spec = FlagSpec(
