@@ -163,7 +163,8 @@ class DrillResult:
     # Warning Events on the deployment during the slow drill (must be 0).
     warning_events: int = 0
     # The slow drill, per step length: {"step_s", "observed_s", "restarts",
-    # "warning_events", "incidents", "states"} (states: the group states seen).
+    # "warning_events", "incidents", "states", "failed_probes_seen", "messages"} (the
+    # group states, failed probes and status messages seen while the steps ran).
     slow: list[dict[str, Any]] = field(default_factory=list)
     # Every failed request (latency: how long the client waited), seconds after the
     # first injection.
@@ -881,9 +882,18 @@ class Drill:
             # Two whole steps, and the first probes after them.
             deadline = started + max(20.0, 2 * step_s + 10)
             states: set[str] = set()
+            failing: set[str] = set()  # each failed probe the status showed, by its time
+            said: list[str] = []  # what the group's message said meanwhile
             while time.time() < deadline:
                 self.poll()
-                states.add(str(self.group(AFFECTED).get("state")))
+                group = self.group(AFFECTED)
+                states.add(str(group.get("state")))
+                probe = group.get("lastProbe") or {}
+                if probe.get("ok") is False:
+                    failing.add(str(probe.get("time")))
+                message = str(group.get("message") or "")[:120]
+                if message and message not in said and len(said) < 4:
+                    said.append(message)
                 time.sleep(0.5)
             self.inject("none")
             # The step under way ends, then the group answers its probe again.
@@ -899,6 +909,9 @@ class Drill:
                 "warning_events": self._warnings() - warnings_before,
                 "incidents": self.incident_count(AFFECTED) - incidents_before,
                 "states": sorted(states),
+                # The long steps were seen (probes failed) and judged, not missed.
+                "failed_probes_seen": len(failing),
+                "messages": said,
             }
             self.result.slow.append(figures)
             self.note(
