@@ -19,6 +19,9 @@ SGLANG_VERSION = "0.5.23"
 
 ROLES = ("prefill", "decode")
 
+# The largest --dist-timeout (and spec.safety.distTimeoutSeconds) lockstep accepts.
+MAX_DIST_TIMEOUT_SECONDS = 7200
+
 # Runtime injection into stock SGLang images (lockstep_sglang.install): the init
 # container's image (the operator's own, which carries the runtime), command and volume,
 # and where the SGLang container finds the launcher.

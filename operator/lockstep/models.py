@@ -207,7 +207,10 @@ class SafetySpec(_Model):
         3600, ge=10, le=86400, description="Largest --watchdog-timeout a user may set."
     )
     dist_timeout_seconds: int = Field(
-        600, ge=10, le=7200, description="--dist-timeout the operator sets when missing."
+        600,
+        ge=10,
+        le=c.MAX_DIST_TIMEOUT_SECONDS,
+        description="--dist-timeout the operator sets when missing.",
     )
     gloo_timeout_seconds: int = Field(
         120, ge=5, le=3600, description="Timeout for SGLang's gloo CPU groups (not 2 h)."

@@ -167,30 +167,25 @@ def build_controlplane(*, timeout: float = DEFAULT_BUILD_TIMEOUT) -> Path:
 
 def find_kubectl(*, timeout: float = 600.0) -> Path:
     """Return a kubectl: `$LOCKSTEP_KUBECTL`, the repository's `.ci/fetch-tools`, PATH."""
-    explicit = os.environ.get(KUBECTL_ENV)
-    if explicit:
-        return Path(explicit)
-    root = repo_root()
-    if root is not None and (root / ".ci" / "fetch-tools").is_file():
-        return _run_tool_script(root / ".ci" / "fetch-tools", timeout) / "kubectl"
-    found = shutil.which("kubectl")
-    if found:
-        return Path(found)
-    raise ControlPlaneError(f"no kubectl: set {KUBECTL_ENV} or put kubectl on PATH")
+    return _find_tool("kubectl", KUBECTL_ENV, "kubectl", timeout)
 
 
 def find_helm(*, timeout: float = 600.0) -> Path:
     """Return a helm (v3): `$LOCKSTEP_HELM`, the repository's `.ci/fetch-tools`, PATH."""
-    explicit = os.environ.get(HELM_ENV)
+    return _find_tool("helm", HELM_ENV, "helm (v3)", timeout)
+
+
+def _find_tool(name: str, env: str, what: str, timeout: float) -> Path:
+    explicit = os.environ.get(env)
     if explicit:
         return Path(explicit)
     root = repo_root()
     if root is not None and (root / ".ci" / "fetch-tools").is_file():
-        return _run_tool_script(root / ".ci" / "fetch-tools", timeout) / "helm"
-    found = shutil.which("helm")
+        return _run_tool_script(root / ".ci" / "fetch-tools", timeout) / name
+    found = shutil.which(name)
     if found:
         return Path(found)
-    raise ControlPlaneError(f"no helm: set {HELM_ENV} or put helm (v3) on PATH")
+    raise ControlPlaneError(f"no {name}: set {env} or put {what} on PATH")
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:

@@ -725,49 +725,54 @@ def _rule_watchdog(ctx: _Ctx) -> None:
             add,
         )
         return
-    value = float(item.values[0])
     bound = safety.max_watchdog_timeout_seconds
+    _bounded_flag(
+        ctx, "watchdog-timeout", item, bound, want,
+        "disables the watchdog", f"exceeds the bound of {bound}s",
+        "a hung scheduler would never be ended",
+    )  # fmt: skip
+
+
+def _bounded_flag(
+    ctx: _Ctx,
+    rule: str,
+    item: ArgItem,
+    bound: int,
+    want: str,
+    not_positive: str,
+    too_large: str,
+    harm: str,
+) -> None:
+    """A flag whose value must lie in (0, bound]: outside it, set to `want` (Enforce),
+    refused (Reject) or reported (Warn)."""
+    value = float(item.values[0])
     if 0 < value <= bound:
         return
 
     def replace() -> None:
         item.values = [want]
 
-    what = "disables the watchdog" if value <= 0 else f"exceeds the bound of {bound}s"
+    what = not_positive if value <= 0 else too_large
     ctx.unsafe(
-        "watchdog-timeout",
+        rule,
         ctx.path(item),
-        f"--watchdog-timeout {item.values[0]} {what}: a hung scheduler would never be ended",
+        f"{item.option} {item.values[0]} {what}: {harm}",
         f"use a value in (0, {bound}], e.g. {want}",
         replace,
     )
-
-
-# The largest --dist-timeout the policy lets through, the bound of the CR's own field
-# (spec.safety.distTimeoutSeconds): an initialisation that may wait longer is a hang.
-MAX_DIST_TIMEOUT_SECONDS = 7200
 
 
 def _rule_dist_timeout(ctx: _Ctx) -> None:
     want = str(ctx.spec.safety.dist_timeout_seconds)
     item = ctx.find("dist_timeout")
     if item is not None:
-        value = int(item.values[0])
-        if 0 < value <= MAX_DIST_TIMEOUT_SECONDS:
-            return
-
-        def replace() -> None:
-            item.values = [want]
-
-        what = "is not positive" if value <= 0 else f"exceeds {MAX_DIST_TIMEOUT_SECONDS}s"
-        ctx.unsafe(
-            "dist-timeout",
-            ctx.path(item),
-            f"--dist-timeout {item.values[0]} {what}: distributed initialisation could "
-            "wait for a missing rank for that long",
-            f"use a value in (0, {MAX_DIST_TIMEOUT_SECONDS}], e.g. {want}",
-            replace,
-        )
+        # The bound of the CR's own field: an initialisation that may wait longer hangs.
+        bound = c.MAX_DIST_TIMEOUT_SECONDS
+        _bounded_flag(
+            ctx, "dist-timeout", item, bound, want,
+            "is not positive", f"exceeds {bound}s",
+            "distributed initialisation could wait for a missing rank for that long",
+        )  # fmt: skip
         return
 
     def add() -> None:
@@ -798,61 +803,50 @@ def _rule_hicache_prefetch(ctx: _Ctx) -> None:
     )
 
 
-def _rule_decode_transfer_hold(ctx: _Ctx) -> None:
+def _decode_attn_tp(ctx: _Ctx) -> int:
+    """The attention TP of the decode role (1 for the prefill role: no such rule)."""
     role = ctx.role
-    attn_tp = role.tp // role.dp if role.dp_attention else role.tp
-    rule = RULES["decode-transfer-hold"]
-    if ctx.role_name != "decode" or attn_tp <= 1 or not rule.applies(ctx.version):
-        return
-    message = (
-        f"SGLang {ctx.version} PD decode with attention TP{attn_tp}: after a failed KV "
-        "transfer each rank holds or releases the request on its own; the rank consensus "
-        "guard turns a divergence into a fast group restart (0.5.23 agrees across ranks)"
-    )
+    if ctx.role_name != "decode":
+        return 1
+    return role.tp // role.dp if role.dp_attention else role.tp
+
+
+def _decode_guard(ctx: _Ctx, rule: str, message: str, fix: str) -> None:
+    """A decode divergence the rank consensus guard turns into a fast group restart: on
+    and noted under overlapSchedule Guarded, otherwise adjusted/refused/reported by mode."""
     if ctx.spec.safety.overlap_schedule == "Guarded":
         ctx.guard()
         ctx.findings.append(
-            Finding("decode-transfer-hold", "info", "spec.decode.tp", message,
-                    "none needed (guarded)", "adjusted")
+            Finding(rule, "info", "spec.decode.tp", message, "none needed (guarded)",
+                    "adjusted", RULES[rule].issues)
         )  # fmt: skip
         return
-    ctx.unsafe(
+    ctx.unsafe(rule, "spec.decode.tp", message, fix, ctx.guard)
+
+
+def _rule_decode_transfer_hold(ctx: _Ctx) -> None:
+    attn_tp = _decode_attn_tp(ctx)
+    if attn_tp <= 1 or not RULES["decode-transfer-hold"].applies(ctx.version):
+        return
+    _decode_guard(
+        ctx,
         "decode-transfer-hold",
-        "spec.decode.tp",
-        message,
+        f"SGLang {ctx.version} PD decode with attention TP{attn_tp}: after a failed KV "
+        "transfer each rank holds or releases the request on its own; the rank consensus "
+        "guard turns a divergence into a fast group restart (0.5.23 agrees across ranks)",
         "use mode Enforce (turns the guard on), SGLang 0.5.23, or overlapSchedule: Guarded",
-        ctx.guard,
     )
 
 
 def _rule_decode_queue(ctx: _Ctx) -> None:
-    role = ctx.role
-    attn_tp = role.tp // role.dp if role.dp_attention else role.tp
-    if ctx.role_name != "decode" or attn_tp <= 1:
+    attn_tp = _decode_attn_tp(ctx)
+    if attn_tp <= 1:
         return
-    message = (
+    _decode_guard(
+        ctx,
+        "decode-queue-collectives",
         f"SGLang {ctx.table.sglang_version} PD decode with attention TP{attn_tp}: a rank "
         "whose preallocation/transfer queue is empty skips the poll all_reduce its peers "
-        "issue; the rank consensus guard turns the divergence into a fast group restart"
-    )
-    if ctx.spec.safety.overlap_schedule == "Guarded":
-        ctx.guard()
-        ctx.findings.append(
-            Finding(
-                "decode-queue-collectives",
-                "info",
-                "spec.decode.tp",
-                message,
-                "none needed (guarded)",
-                "adjusted",
-                RULES["decode-queue-collectives"].issues,
-            )
-        )
-        return
-    ctx.unsafe(
-        "decode-queue-collectives",
-        "spec.decode.tp",
-        message,
+        "issue; the rank consensus guard turns the divergence into a fast group restart",
         "use mode Enforce (turns the guard on), or set spec.safety.overlapSchedule: Guarded",
-        ctx.guard,
     )
