@@ -221,6 +221,18 @@ class AgentClient:
             return RanksAnswer(pod, None, f"{type(err).__name__}: {err}")
         return _ranks_answer(pod, resp)
 
+    def inflight(self, pod_ip: str, timeout: float = 1.0) -> int | None:
+        """The work requests a leader's SGLang server holds (`GET /lockstep/inflight` on
+        its HTTP port, served by lockstep's runtime); None when it does not answer."""
+        try:
+            resp = self.http.get(
+                f"http://{pod_ip}:{c.PORT_HTTP}/lockstep/inflight", timeout=timeout
+            )
+            value = resp.json().get("inflight") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, int) and value >= 0 else None
+
     def evidence(self, pod_ip: str, route: str, token: str) -> str:
         """The raw answer of `GET /ranks` or `POST /stacks`, bounded, for an incident's
         evidence; `unreachable (...)` when the agent did not answer, `HTTP <status>: ...`

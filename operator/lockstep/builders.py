@@ -5,7 +5,12 @@ returns plain dicts, ready for `kubectl apply`, the API client or a test.
 
 The shape of a deployment named `m` in namespace `ns`:
 - per (role, group, node rank) one Pod `m-<role>-<group>-<rank>`; the pods of one group
-  are one TP group of `tp = gpusPerPod * podsPerGroup` ranks;
+  are one TP group of `tp = gpusPerPod * podsPerGroup` ranks. A group has two name slots:
+  a make-before-break move (node maintenance) starts the next epoch in the other slot
+  (`m-<role>-<group>b-<rank>`, label `lockstep.dev/slot: "1"`) while the old pods serve;
+- per group and slot one PodDisruptionBudget (every pod of the slot must stay
+  available): an eviction (`kubectl drain`) of a serving group's pod is refused, and the
+  operator moves the group off the node itself;
 - per group one headless Service `m-<role>-<group>` (`publishNotReadyAddresses`, selector
   includes the epoch), through which every rank finds rank 0 for the torch.distributed
   rendezvous (`--dist-init-addr`), whose port also moves with the epoch, so a rank of
@@ -38,14 +43,21 @@ Obj = dict[str, Any]
 POD_GRACE_SECONDS = 15
 
 
-def group_name(pdd: PDDeployment, role: str, group: int) -> str:
-    """The name of a group's headless Service, also the pods' subdomain."""
-    return f"{pdd.metadata.name}-{role}-{group}"
+def group_name(pdd: PDDeployment, role: str, group: int, slot: int = 0) -> str:
+    """The name of a group's headless Service (and PodDisruptionBudget) in a name slot,
+    also its pods' subdomain: `<name>-<role>-<group>`, slot 1 `<name>-<role>-<group>b`."""
+    return f"{pdd.metadata.name}-{role}-{group}{'b' if slot else ''}"
 
 
-def pod_name(pdd: PDDeployment, role: str, group: int, rank: int) -> str:
-    """`<name>-<role>-<group>-<rank>`."""
-    return f"{group_name(pdd, role, group)}-{rank}"
+def pod_name(pdd: PDDeployment, role: str, group: int, rank: int, slot: int = 0) -> str:
+    """`<name>-<role>-<group>-<rank>` (slot 1: `<name>-<role>-<group>b-<rank>`)."""
+    return f"{group_name(pdd, role, group, slot)}-{rank}"
+
+
+def pod_slot(pod: Mapping[str, Any]) -> int:
+    """The name slot of a pod (its label; pods without one are slot 0)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return 1 if labels.get(c.LABEL_SLOT) == "1" else 0
 
 
 def dist_port(epoch: int) -> int:
@@ -106,8 +118,8 @@ def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Obj:
 LEADER_READINESS_PATH = "/lockstep/probe?timeout=2"
 
 
-def _dist_init_addr(pdd: PDDeployment, role: str, group: int, epoch: int) -> str:
-    host = f"{pod_name(pdd, role, group, 0)}.{group_name(pdd, role, group)}"
+def _dist_init_addr(pdd: PDDeployment, role: str, group: int, epoch: int, slot: int) -> str:
+    host = f"{pod_name(pdd, role, group, 0, slot)}.{group_name(pdd, role, group, slot)}"
     if pdd.metadata.namespace:
         host += f".{pdd.metadata.namespace}.svc"
     return f"{host}:{dist_port(epoch)}"
@@ -186,6 +198,7 @@ def build_group_pods(
     policy: RolePolicy,
     *,
     avoid_nodes: Sequence[str] = (),
+    slot: int = 0,
 ) -> list[Obj]:
     """Every pod of one TP group in one epoch, rank 0 first.
 
@@ -195,8 +208,10 @@ def build_group_pods(
     anti-affinity, after a group was recreated away from a failing rank's node); it is
     not part of the template either.
     """
-    pods = _group_pods(pdd, role_name, group, epoch, policy)
-    template = pods if epoch == 0 else _group_pods(pdd, role_name, group, 0, policy)
+    pods = _group_pods(pdd, role_name, group, epoch, policy, slot)
+    template = (
+        pods if epoch == 0 and slot == 0 else _group_pods(pdd, role_name, group, 0, policy, 0)
+    )
     for pod, tmpl in zip(pods, template, strict=True):
         pod["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH] = spec_hash(tmpl["spec"])
         if avoid_nodes:
@@ -220,12 +235,12 @@ def _avoid(nodes: Sequence[str]) -> Obj:
 
 
 def _group_pods(
-    pdd: PDDeployment, role_name: str, group: int, epoch: int, policy: RolePolicy
+    pdd: PDDeployment, role_name: str, group: int, epoch: int, policy: RolePolicy, slot: int
 ) -> list[Obj]:
     role = pdd.spec.role(role_name)
     pods = []
     for rank in range(role.pods_per_group):
-        name = pod_name(pdd, role_name, group, rank)
+        name = pod_name(pdd, role_name, group, rank, slot)
         labels = {
             c.APP_NAME: "sglang",
             c.APP_COMPONENT: role_name,
@@ -235,12 +250,14 @@ def _group_pods(
             c.LABEL_RANK: str(rank),
             c.LABEL_EPOCH: str(epoch),
         }
+        if slot:
+            labels[c.LABEL_SLOT] = str(slot)
         args = [
             *policy.argv,
             "--node-rank",
             str(rank),
             "--dist-init-addr",
-            _dist_init_addr(pdd, role_name, group, epoch),
+            _dist_init_addr(pdd, role_name, group, epoch, slot),
         ]
         leader = rank == 0
         # Only rank 0 serves HTTP, and its readiness is the deep probe: SGLang answers
@@ -311,7 +328,7 @@ def _group_pods(
                 )
         pod_spec: Obj = {
             "hostname": name,
-            "subdomain": group_name(pdd, role_name, group),
+            "subdomain": group_name(pdd, role_name, group, slot),
             "restartPolicy": "Always",
             "terminationGracePeriodSeconds": POD_GRACE_SECONDS,
             "automountServiceAccountToken": False,
@@ -359,8 +376,11 @@ def _runtime_init_container(pdd: PDDeployment) -> Obj:
     }
 
 
-def build_group_service(pdd: PDDeployment, role_name: str, group: int, epoch: int) -> Obj:
-    """The headless Service of one group in one epoch (DNS for the rendezvous)."""
+def build_group_service(
+    pdd: PDDeployment, role_name: str, group: int, epoch: int, slot: int = 0
+) -> Obj:
+    """The headless Service of one group in one epoch (DNS for the rendezvous); the epoch
+    alone tells the slots' pods apart (a move's new epoch is always the higher)."""
     selector = {**group_selector(pdd, role_name, group), c.LABEL_EPOCH: str(epoch)}
     labels = {
         c.LABEL_ROLE: role_name,
@@ -370,7 +390,7 @@ def build_group_service(pdd: PDDeployment, role_name: str, group: int, epoch: in
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(pdd, group_name(pdd, role_name, group), labels),
+        "metadata": _metadata(pdd, group_name(pdd, role_name, group, slot), labels),
         "spec": {
             "clusterIP": "None",
             # Ranks rendezvous before any of them is Ready.
@@ -380,6 +400,36 @@ def build_group_service(pdd: PDDeployment, role_name: str, group: int, epoch: in
                 {"name": "dist", "port": dist_port(epoch), "protocol": "TCP"},
                 {"name": "http", "port": c.PORT_HTTP, "protocol": "TCP"},
             ],
+        },
+    }
+
+
+def build_group_pdb(pdd: PDDeployment, role_name: str, group: int, slot: int) -> Obj:
+    """The PodDisruptionBudget of one group's pods in one name slot: every pod must stay
+    available, so the eviction API (`kubectl drain`) refuses to take a pod of a serving
+    group, and refuses while its pods are not ready (the default unhealthy-pod policy):
+    the group is moved off the node by the operator, which deletes its pods itself once
+    they are out of every router. An integer minAvailable needs no scale subresource."""
+    role = pdd.spec.role(role_name)
+    slot_match = (
+        {"key": c.LABEL_SLOT, "operator": "In", "values": ["1"]}
+        if slot
+        else {"key": c.LABEL_SLOT, "operator": "NotIn", "values": ["1"]}
+    )
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(
+            pdd,
+            group_name(pdd, role_name, group, slot),
+            {c.LABEL_ROLE: role_name, c.LABEL_GROUP: str(group)},
+        ),
+        "spec": {
+            "minAvailable": role.pods_per_group,
+            "selector": {
+                "matchLabels": group_selector(pdd, role_name, group),
+                "matchExpressions": [slot_match],
+            },
         },
     }
 

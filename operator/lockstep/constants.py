@@ -37,6 +37,8 @@ LABEL_ROLE = f"{GROUP}/role"
 LABEL_GROUP = f"{GROUP}/group"
 LABEL_RANK = f"{GROUP}/rank"
 LABEL_EPOCH = f"{GROUP}/epoch"
+# The name slot of a group's pods (absent: slot 0); see builders.group_name.
+LABEL_SLOT = f"{GROUP}/slot"
 LABEL_COMPONENT = f"{GROUP}/component"
 APP_NAME = "app.kubernetes.io/name"
 APP_INSTANCE = "app.kubernetes.io/instance"

@@ -47,6 +47,7 @@ from lockstep.builders import (
 from lockstep.evidence import EvidenceEntry, EvidenceStore
 from lockstep.executor import Deps, EventSink, Execution, GroupId, agent_token
 from lockstep.kube import Kube
+from lockstep.maintenance import NodeState, group_maintenance
 from lockstep.metrics import Metrics
 from lockstep.models import (
     Incident,
@@ -118,6 +119,7 @@ class Memory:
     status: dict[str, Any] | None = None
     status_at: float | None = None
     router: str | None = None  # the router objects' hash as last applied
+    pdbs: frozenset[str] = frozenset()  # the disruption budgets as last applied
 
 
 @dataclass
@@ -323,11 +325,14 @@ def run_round(
     services: Sequence[dict[str, Any]],
     events: EventSink,
     deployments: Sequence[dict[str, Any]] = (),
+    nodes: Mapping[str, NodeState] | None = None,
 ) -> RoundResult | None:
     """One control round for the PDDeployment `body` (see the module docstring).
 
     `pods`, `services` and `deployments` are the deployment's (every object labelled
-    with it), as the watch-fed caches hold them. Rounds of one deployment never overlap.
+    with it), as the watch-fed caches hold them; `nodes` the cluster's nodes as the node
+    watch last saw them (maintenance: cordons and taints). Rounds of one deployment never
+    overlap.
     """
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
@@ -335,7 +340,15 @@ def run_round(
         return None
     with rt.lock_for(namespace, name):
         return _run_round(
-            rt, body, namespace, name, list(pods), list(services), list(deployments), events
+            rt,
+            body,
+            namespace,
+            name,
+            list(pods),
+            list(services),
+            list(deployments),
+            events,
+            nodes or {},
         )
 
 
@@ -376,6 +389,7 @@ def _run_round(
     services: list[dict[str, Any]],
     deployments: list[dict[str, Any]],
     events: EventSink,
+    nodes: Mapping[str, NodeState],
 ) -> RoundResult:
     now = rt.clock()
     meta = body.get("metadata") or {}
@@ -415,7 +429,10 @@ def _run_round(
     # Spec changes roll group by group (one restart request at a time), judged against
     # each group's own epoch (the epoch is part of the pod template).
     current_epochs: dict[GroupId, int] = {(str(r.role), r.index): r.epoch for r in records.values()}
-    stale = plan_reconcile(pdd, policy, pods, services, current_epochs, set()).stale_groups
+    current_slots: dict[GroupId, int] = {(str(r.role), r.index): r.slot for r in records.values()}
+    stale = plan_reconcile(
+        pdd, policy, pods, services, current_epochs, set(), slots=current_slots
+    ).stale_groups
     roles: tuple[Role, ...] = ("prefill", "decode")
     steps = step_bounds(pdd)
 
@@ -455,7 +472,11 @@ def _run_round(
                 if rec
                 else {}
             )
+            moving, moving_nodes = _maintenance(rec, group_pods, nodes)
             inputs[g] = GroupInput(
+                maintenance=moving,
+                maintenance_nodes=moving_nodes,
+                inflight=_inflight(rt, rec, group_pods),
                 pods=tuple(pod_view_from_k8s(p) for p in group_pods),
                 verdict=verdict,
                 manual_request=request,
@@ -472,6 +493,7 @@ def _run_round(
             if gp.requeue_after is not None:
                 requeue = gp.requeue_after if requeue is None else min(requeue, gp.requeue_after)
             exe.epochs.setdefault((role, g), gp.record.epoch)
+            exe.slots.setdefault((role, g), gp.record.slot)
             if reconciler_may_create_pods(gp.record) and not by_group.get((role, g)):
                 exe.create_groups.add((role, g))
     _forget_restart_failures(rt, namespace, name, new_records)
@@ -489,8 +511,10 @@ def _run_round(
         exe.epochs,
         exe.create_groups,
         exe.avoid_nodes,
+        exe.slots,
     )
     _apply_reconcile(rt, namespace, reconcile, events)
+    _apply_pdbs(rt, mem, namespace, reconcile.pdbs)
     _apply_router(rt, pdd, namespace, mem, services, deployments)
 
     # Persist: the records, the history, the evidence (the planner's memory).
@@ -529,6 +553,58 @@ def _run_round(
         sum(r.step is Step.QUARANTINED for r in new_records.values())
     )
     return RoundResult(status, new_records, requeue, all_actions, writes)
+
+
+def _maintenance(
+    record: GroupRecord | None,
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, NodeState],
+) -> tuple[str | None, tuple[str, ...]]:
+    """Why the group's current epoch must leave its nodes (maintenance), and which."""
+    if record is None or not nodes:
+        return None, ()
+    current = [
+        p
+        for p in pods
+        if label(p, c.LABEL_EPOCH) == str(record.epoch)
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    ]
+    return group_maintenance(current, nodes)
+
+
+# Steps in which a group leaving service on purpose waits for its leaders' requests.
+_DRAIN_STEPS = (Step.DRAINING, Step.HANDING_OVER)
+
+
+def _inflight(
+    rt: Runtime, record: GroupRecord | None, pods: Sequence[Mapping[str, Any]]
+) -> dict[str, int | None]:
+    """The requests each leader of a group holds, read only while the group drains on
+    purpose (maintenance): one small GET per leader, bounded."""
+    if record is None or not record.maintenance or record.step not in _DRAIN_STEPS:
+        return {}
+    out: dict[str, int | None] = {}
+    for pod in pods:
+        ip = (pod.get("status") or {}).get("podIP")
+        if label(pod, c.LABEL_RANK) == "0" and ip:
+            out[str(pod["metadata"]["name"])] = rt.agents.inflight(ip)
+    return out
+
+
+def _apply_pdbs(rt: Runtime, mem: Memory, namespace: str, pdbs: Sequence[dict[str, Any]]) -> None:
+    """The groups' disruption budgets: created when new to this operator process (409:
+    already there), deleted when no longer wanted. Nothing is read: a budget is fixed by
+    its name (group and slot) and the group size."""
+    wanted = {f"{p['metadata']['name']}:{p['spec']['minAvailable']}": p for p in pdbs}
+    for key, pdb in wanted.items():
+        if key not in mem.pdbs and not rt.kube.create(pdb):
+            rt.kube.patch(pdb)
+    names = {k.split(":")[0] for k in wanted}
+    for key in mem.pdbs - wanted.keys():
+        name = key.split(":")[0]
+        if name not in names:
+            rt.kube.delete("PodDisruptionBudget", namespace, name)
+    mem.pdbs = frozenset(wanted)
 
 
 def _captured(

@@ -108,6 +108,7 @@ class Execution:
     create_groups: set[GroupId] = field(default_factory=set)
     epochs: dict[GroupId, int] = field(default_factory=dict)
     avoid_nodes: dict[GroupId, tuple[str, ...]] = field(default_factory=dict)
+    slots: dict[GroupId, int] = field(default_factory=dict)
     # What the captures of this round found, by incident id (for the evidence store).
     evidence: dict[str, EvidenceEntry] = field(default_factory=dict)
 
@@ -123,13 +124,15 @@ class Execution:
                 self.deps.kube.delete_pods(
                     self.namespace, [(p.name, p.uid) for p in action.pods], action.grace_seconds
                 )
-                metrics.restarts.labels(role).inc()
+                if action.restart:
+                    metrics.restarts.labels(role).inc()
             elif isinstance(action, RestartInPlace):
                 self._restart_in_place(role, group, action)
                 metrics.restarts.labels(role).inc()
             elif isinstance(action, CreateEpoch):
                 self.create_groups.add((role, group))
                 self.epochs[(role, group)] = action.epoch
+                self.slots[(role, group)] = action.slot
                 if action.avoid_nodes:
                     self.avoid_nodes[(role, group)] = action.avoid_nodes
             elif isinstance(action, OpenIncident):

@@ -3,6 +3,8 @@
 - startup: settings (peering, posting), the shared `Runtime`, the prober task;
 - indexes: the pods and Services of every PDDeployment (labelled with it), fed by kopf's
   watches: the control rounds read these caches, never list;
+- the nodes (cordons and taints, `lockstep.maintenance.NodeState`): a node going into
+  maintenance wakes every deployment with a pod on it, which moves its groups off;
 - one daemon per PDDeployment runs its control rounds (`lockstep.control.run_round`):
   when something happens (a failed probe, a passing probe of a group that is not settled,
   a change of one of its pods, a spec change, a recovery step that asks to go on) and,
@@ -29,6 +31,7 @@ from kubernetes import config as k8s_config
 from lockstep import constants as c
 from lockstep.control import Runtime, run_round, settled
 from lockstep.kube import Kube
+from lockstep.maintenance import NodeState
 from lockstep.metrics import Metrics
 from lockstep.prober import ProbeBook, Prober, ProbeSample
 from lockstep.records import ANNOTATION_RESTART
@@ -184,6 +187,35 @@ async def deployment_pod_changed(
     memo["wakers"].wake(namespace, labels[c.LABEL_DEPLOYMENT])
 
 
+@kopf.index("nodes")
+def node_states(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeState]:
+    """Every node's cordon and taints (all a round needs to see maintenance)."""
+    return {name: NodeState.from_k8s(body)}
+
+
+@kopf.on.event("nodes")
+async def node_changed(
+    name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    """A node's cordon or taints changed: wake the deployments with pods on it. Status
+    heartbeats (most node events) change neither and cost a comparison."""
+    seen: dict[str, NodeState] = memo.setdefault("node_seen", {})
+    state = NodeState.from_k8s(body)
+    before = seen.get(name)
+    seen[name] = state
+    if before == state or (before is None and not state.unschedulable and not state.taints):
+        return
+    pods: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs["deployment_pods"]
+    for key in list(pods):
+        if any(((p.get("spec") or {}).get("nodeName")) == name for p in pods.get(key, [])):
+            memo["wakers"].wake(*key)
+
+
+def current_nodes(index: kopf.Index[str, NodeState]) -> dict[str, NodeState]:
+    """The node index as one mapping (one state per node)."""
+    return {name: state for name in list(index) for state in index.get(name, [])}
+
+
 # ----------------------------------------------------------------------- the rounds
 
 
@@ -210,6 +242,7 @@ async def pddeployment_rounds(
     deployment_deployments: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs[
         "deployment_deployments"
     ]
+    nodes_index: kopf.Index[str, NodeState] = kwargs["node_states"]
     rt: Runtime = memo["runtime"]
     resync = operator_config(memo).resync_seconds
     wake = memo["wakers"].event(namespace, name)
@@ -221,7 +254,7 @@ async def pddeployment_rounds(
         deployments = list(deployment_deployments.get((namespace, name), []))
         result = await asyncio.to_thread(
             run_round, rt, copy.deepcopy(dict(body)), pods, services, _collect(events),
-            deployments,
+            deployments, current_nodes(nodes_index),
         )  # fmt: skip
         for type_, reason, message in events:
             kopf.event(body, type=type_, reason=reason, message=message)

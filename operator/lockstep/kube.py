@@ -47,6 +47,7 @@ class Kube:
         self.apps = k8s.AppsV1Api(api)
         self.rbac = k8s.RbacAuthorizationV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
+        self.policy = k8s.PolicyV1Api(api)
 
     # ------------------------------------------------------------------- reads
 
@@ -99,6 +100,7 @@ class Kube:
             "RoleBinding": self.rbac.create_namespaced_role_binding,
             "Secret": self.core.create_namespaced_secret,
             "ConfigMap": self.core.create_namespaced_config_map,
+            "PodDisruptionBudget": self.policy.create_namespaced_pod_disruption_budget,
         }
         try:
             creators[kind](ns, obj)
@@ -141,6 +143,7 @@ class Kube:
             "Deployment": self.apps.patch_namespaced_deployment,
             "Role": self.rbac.patch_namespaced_role,
             "RoleBinding": self.rbac.patch_namespaced_role_binding,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
         }
         patchers[kind](name, ns, obj)
         log.info("patched %s %s/%s", kind, ns, name)
@@ -151,8 +154,9 @@ class Kube:
             self.patch(obj)
 
     def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete one object of the router's kinds; False when it was not there (404)."""
+        """Delete one object of the kinds a deployment owns; False when it was not there."""
         deleters: dict[str, Any] = {
+            "PodDisruptionBudget": self.policy.delete_namespaced_pod_disruption_budget,
             "Service": self.core.delete_namespaced_service,
             "ServiceAccount": self.core.delete_namespaced_service_account,
             "Deployment": self.apps.delete_namespaced_deployment,

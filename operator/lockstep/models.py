@@ -349,6 +349,31 @@ class RecoverySpec(_Model):
     )
 
 
+class MaintenanceSpec(_Model):
+    """Planned node maintenance (a cordon, `kubectl drain`, a NoSchedule/NoExecute taint)."""
+
+    mode: Literal["MakeBeforeBreak", "DrainFirst", "Off"] = Field(
+        "MakeBeforeBreak",
+        description=(
+            "How a group with a pod on a node under maintenance moves. MakeBeforeBreak: "
+            "start its next epoch on other nodes, wait for its deep probe, admit it, then "
+            "drain the old pods (in-flight requests finish, bounded by "
+            "drainTimeoutSeconds) and delete them; when the new epoch cannot be placed, "
+            "drain first. DrainFirst: always drain, delete, then recreate elsewhere. Off: "
+            "leave it (a PodDisruptionBudget still refuses evicting a serving group)."
+        ),
+    )
+    drain_timeout_seconds: int = Field(
+        120,
+        ge=0,
+        le=86400,
+        description=(
+            "How long a group leaving service (maintenance, scale-down) waits for its "
+            "in-flight requests after it left every router, before its pods go."
+        ),
+    )
+
+
 class RuntimeSpec(_Model):
     """How lockstep's runtime gets into the SGLang pods."""
 
@@ -418,6 +443,11 @@ class PDDeploymentSpec(_Model):
         description="Recovery of broken groups.",
         json_schema_extra=_obj_default(),
     )
+    maintenance: MaintenanceSpec = Field(
+        default_factory=MaintenanceSpec,
+        description="Node maintenance: how groups move off cordoned or drained nodes.",
+        json_schema_extra=_obj_default(),
+    )
     paused: bool = Field(False, description="Paused: no reconcile, no recovery; replicas may be 0.")
 
     def role(self, name: str) -> RoleSpec:
@@ -444,6 +474,9 @@ GroupState = Literal[
     "Hung",
     "RankDown",
     "Recovering",
+    "Moving",
+    "Unschedulable",
+    "Retiring",
     "Quarantined",
 ]
 
@@ -510,7 +543,7 @@ class Incident(_Model):
 class Condition(_Model):
     """A standard Kubernetes condition."""
 
-    type: str = Field(description="Ready, Progressing, Degraded or FlagsAdjusted.")
+    type: str = Field(description="Ready, Progressing, Degraded, Schedulable or FlagsAdjusted.")
     status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
     reason: str = Field("", description="CamelCase reason.")
     message: str = Field("", description="Human-readable message.")

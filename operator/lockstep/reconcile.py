@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep import constants as c
-from lockstep.builders import build_group_pods, build_group_service, group_name
+from lockstep.builders import (
+    build_group_pdb,
+    build_group_pods,
+    build_group_service,
+    group_name,
+    pod_slot,
+)
 from lockstep.models import PDDeployment
 from lockstep.policy import PolicyResult
 
@@ -33,6 +39,8 @@ class ReconcilePlan:
     delete_services: list[str] = field(default_factory=list)
     stale_groups: list[GroupId] = field(default_factory=list)  # pod template changed
     waiting_groups: list[GroupId] = field(default_factory=list)  # old-epoch pods remain
+    # Every PodDisruptionBudget that should exist (one per group and name slot in use).
+    pdbs: list[Obj] = field(default_factory=list)
 
 
 def label(obj: Mapping[str, Any], key: str) -> str | None:
@@ -67,10 +75,14 @@ def plan_reconcile(
     epochs: Mapping[GroupId, int],
     create_groups: Collection[GroupId],
     avoid_nodes: Mapping[GroupId, Sequence[str]] | None = None,
+    slots: Mapping[GroupId, int] | None = None,
 ) -> ReconcilePlan:
-    """Plan the sync of pods and group Services for one PDDeployment.
+    """Plan the sync of pods, group Services and disruption budgets for one PDDeployment.
 
     `avoid_nodes`: per group being created, nodes its new pods should avoid if they can.
+    `slots`: the name slot of each group's current epoch (default 0). Pods of the other
+    slot (a make-before-break move's old pods) neither block creating the current epoch
+    nor make the group stale: recovery deletes them when the move is done.
     """
     plan = ReconcilePlan()
     observed = pods_by_group(pods)
@@ -82,7 +94,8 @@ def plan_reconcile(
             gid = (role_name, group)
             desired_groups.add(gid)
             epoch = epochs.get(gid, 0)
-            svc = build_group_service(pdd, role_name, group, epoch)
+            slot = (slots or {}).get(gid, 0)
+            svc = build_group_service(pdd, role_name, group, epoch, slot)
             current = svc_by_name.get(svc["metadata"]["name"])
             if current is None:
                 plan.create.append(svc)
@@ -95,8 +108,15 @@ def plan_reconcile(
                 epoch,
                 policy.roles[role_name],
                 avoid_nodes=(avoid_nodes or {}).get(gid, ()),
+                slot=slot,
             )
-            have = observed.get(gid, [])
+            group_pods = observed.get(gid, [])
+            in_use = {slot} | {pod_slot(p) for p in group_pods}
+            plan.pdbs.extend(build_group_pdb(pdd, role_name, group, s) for s in sorted(in_use))
+            other = group_name(pdd, role_name, group, 1 - slot)
+            if other in svc_by_name and (1 - slot) not in in_use:
+                plan.delete_services.append(other)  # the move that used it is done
+            have = [p for p in group_pods if pod_slot(p) == slot]
             old = [p for p in have if label(p, c.LABEL_EPOCH) != str(epoch)]
             if gid in create_groups:
                 if old:
@@ -125,7 +145,7 @@ def plan_reconcile(
         if (
             svc_group is not None
             and svc_group not in desired_groups
-            and name == group_name(pdd, *svc_group)
+            and name in (group_name(pdd, *svc_group), group_name(pdd, *svc_group, 1))
         ):
             plan.delete_services.append(name)
     return plan

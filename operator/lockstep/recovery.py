@@ -75,7 +75,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lockstep.models import GroupState, HealthSpec, Incident, PDDeploymentSpec, RecoverySpec
+from lockstep.models import (
+    GroupState,
+    HealthSpec,
+    Incident,
+    MaintenanceSpec,
+    PDDeploymentSpec,
+    RecoverySpec,
+)
 from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, PodView, Verdict, clip_evidence
 
 # A wedged NCCL rank ignores SIGTERM, and the group is restarted as a whole: there is
@@ -118,6 +125,14 @@ class Step(StrEnum):
     WAITING_PROBE = "WaitingProbe"
     READMITTING = "Readmitting"
     QUARANTINED = "Quarantined"
+    # Maintenance, make-before-break: the next epoch starts on other nodes while the old
+    # pods serve; then the new pods are admitted and the old ones drained and deleted.
+    MOVING = "Moving"
+    HANDING_OVER = "HandingOver"
+    # The epoch's pods were not all placed in time: withdrawn whole, retried after backoff.
+    UNSCHEDULABLE = "Unschedulable"
+    # Scale-down: out of every router, in-flight requests finish, then the pods go.
+    RETIRING = "Retiring"
 
 
 # A restart slot of the role is held from the first delete to re-admission.
@@ -143,8 +158,19 @@ BROKEN_STEPS = frozenset(
 )
 # Steps in which recovery, not the reconciler, decides which pods exist.
 POD_OWNING_STEPS = frozenset(
-    {Step.RESTARTING_IN_PLACE, Step.DELETING, Step.WAITING_GONE, Step.CREATING}
+    {
+        Step.RESTARTING_IN_PLACE,
+        Step.DELETING,
+        Step.WAITING_GONE,
+        Step.CREATING,
+        Step.MOVING,
+        Step.HANDING_OVER,
+        Step.UNSCHEDULABLE,
+        Step.RETIRING,
+    }
 )
+# Steps of a group moving off a node under maintenance while its old pods still serve.
+MOVE_STEPS = frozenset({Step.MOVING, Step.HANDING_OVER})
 
 
 class Reason(StrEnum):
@@ -168,6 +194,13 @@ class Reason(StrEnum):
     QUARANTINED = "GroupQuarantined"
     DEFERRED = "RestartDeferred"
     EVIDENCE_MISSING = "EvidenceMissing"
+    MAINTENANCE = "GroupMaintenance"
+    RETIRING = "GroupRetiring"
+    RETIRED = "GroupRetired"
+    RETIRE_DEFERRED = "ScaleDownDeferred"
+    MOVE_FAILED = "GroupMoveFailed"
+    MOVED = "GroupMoved"
+    UNSCHEDULABLE = "GroupUnschedulable"
 
 
 _VERDICT_REASON = {
@@ -178,6 +211,17 @@ _VERDICT_REASON = {
 }
 
 MANUAL_VERDICT = "Manual"
+MAINTENANCE_VERDICT = "Maintenance"
+# A make-before-break move whose new pods the scheduler reports unschedulable this long
+# falls back to draining first (there is no capacity elsewhere right now).
+MOVE_UNSCHEDULABLE_SECONDS = 10.0
+# A group leaving service on purpose waits at least this long after it left the routers
+# before it reads its leader idle (a request routed just before is then counted).
+DRAIN_SETTLE_SECONDS = 1.0
+# A move that could neither make before break nor drain first waits this long to retry.
+MOVE_RETRY_SECONDS = 30.0
+# How often a drain looks at the leader's in-flight requests again.
+DRAIN_RECHECK_SECONDS = 1.0
 
 
 # ---------------------------------------------------------------------------- record
@@ -259,6 +303,19 @@ class GroupRecord(_Frozen):
     rollout: bool = False
     # The open incident's evidence capture was asked for (CapturingEvidence).
     capture_asked: bool = False
+    # Which name slot the current epoch's pods use (0 or 1): a make-before-break move
+    # starts the next epoch in the other slot, so old and new pods coexist.
+    slot: int = Field(0, ge=0, le=1)
+    # Why the group is moving for maintenance (None: it is not), and the nodes it leaves.
+    maintenance: str | None = None
+    maintenance_nodes: tuple[str, ...] = ()
+    # When the pods leaving service were out of every router (the drain's start).
+    drained_at: float | None = None
+    # Epochs withdrawn in a row because their pods could not all be placed; when the
+    # next attempt may start; the scheduler's reason.
+    withdrawals: int = 0
+    retry_at: float | None = None
+    unschedulable: str | None = None
 
     def to_json(self) -> str:
         """The compact JSON stored in the group's annotation."""
@@ -288,6 +345,11 @@ def adopt_group(role: Role, index: int, pods: Sequence[PodView], *, now: float) 
     return record.model_copy(update={"restart_baseline": _baseline(pods, epoch)})
 
 
+def retired(record: GroupRecord, pods: Sequence[PodView]) -> bool:
+    """A retiring group whose pods are all gone: the I/O layer forgets its record."""
+    return record.step is Step.RETIRING and not pods
+
+
 def reconciler_may_create_pods(record: GroupRecord) -> bool:
     """False while recovery decides which pods of the group exist (delete..create)."""
     return record.step not in POD_OWNING_STEPS
@@ -296,6 +358,12 @@ def reconciler_may_create_pods(record: GroupRecord) -> bool:
 def status_state(record: GroupRecord) -> GroupState:
     """The group's `state` for status and `kubectl get` (models.GroupState)."""
     step = record.step
+    if step in MOVE_STEPS or (record.maintenance and step not in _STEP_STATE):
+        return "Moving"
+    if step is Step.UNSCHEDULABLE:
+        return "Unschedulable"
+    if step is Step.RETIRING:
+        return "Retiring"
     if step in (Step.STARTING, Step.HEALTHY, Step.SUSPECT, Step.QUARANTINED):
         if step is Step.SUSPECT and record.incident is not None:
             return _verdict_state(record.incident.verdict)
@@ -347,10 +415,13 @@ class CaptureEvidence:
 
 @dataclass(frozen=True)
 class DeletePods:
-    """Delete these pods, each with its UID as precondition (404/409 mean done)."""
+    """Delete these pods, each with its UID as precondition (404/409 mean done).
+    `restart`: the delete is part of a restart (counted in the restart metric); a move
+    or a withdrawn epoch is not."""
 
     pods: tuple[PodRef, ...]
     grace_seconds: int
+    restart: bool = True
 
 
 @dataclass(frozen=True)
@@ -371,6 +442,7 @@ class CreateEpoch:
 
     epoch: int
     avoid_nodes: tuple[str, ...] = ()
+    slot: int = 0
 
 
 @dataclass(frozen=True)
@@ -439,6 +511,15 @@ class GroupInput:
     template_changed: bool = False
     # What the evidence store holds for the record's open incident, once captured.
     captured: CapturedEvidence | None = None
+    # Why the group must leave its nodes (a pod of its current epoch is on a node that
+    # is cordoned or tainted for maintenance), and those nodes; None: it need not.
+    maintenance: str | None = None
+    maintenance_nodes: tuple[str, ...] = ()
+    # Work requests each leader pod (by name) holds, for a group draining on purpose
+    # (None: the leader did not answer).
+    inflight: Mapping[str, int | None] = field(default_factory=dict)
+    # The group is beyond the role's replicas: it leaves (drained first). See plan_role.
+    retire: bool = False
 
 
 @dataclass(frozen=True)
@@ -459,11 +540,21 @@ class RoleSettings:
     pods_per_group: int
     health: HealthSpec = field(default_factory=HealthSpec)
     recovery: RecoverySpec = field(default_factory=RecoverySpec)
+    maintenance: MaintenanceSpec = field(default_factory=MaintenanceSpec)
+    scheduling_timeout_seconds: float = 300.0
 
     @classmethod
     def from_spec(cls, spec: PDDeploymentSpec, role: Role) -> RoleSettings:
         """The settings of `role` in a PDDeployment spec."""
-        return cls(role, spec.role(role).pods_per_group, spec.health, spec.recovery)
+        r = spec.role(role)
+        return cls(
+            role,
+            r.pods_per_group,
+            spec.health,
+            spec.recovery,
+            spec.maintenance,
+            float(r.placement.scheduling_timeout_seconds),
+        )
 
 
 @dataclass(frozen=True)
@@ -503,6 +594,8 @@ class RoleGuards:
     slot_granted: bool
     may_leave_service: bool
     restarting: int
+    # Why a group beyond replicas may not start retiring now (None: it may).
+    retire_blocked: str | None = None
 
 
 # --------------------------------------------------------------------------- planning
@@ -535,12 +628,20 @@ def plan_role(
     free = max(0, settings.recovery.max_concurrent_group_restarts - restarting)
     granted = {r.index for r in waiting[:free]}
     plans: dict[int, GroupPlan] = {}
+    blocked = _retire_blocked(recs, inputs)
     for index in sorted(recs):
-        others = [r for i, r in recs.items() if i != index]
+        # A group planned this round to leave service for maintenance has left it: two
+        # groups never drain for maintenance in the same round.
+        others = [
+            plans[i].record if i in plans and plans[i].record.maintenance else r
+            for i, r in recs.items()
+            if i != index
+        ]
         guards = RoleGuards(
             slot_granted=index in granted,
             may_leave_service=_may_leave_service(others),
             restarting=restarting,
+            retire_blocked=blocked,
         )
         plans[index] = plan_group(
             recs[index], inputs.get(index, GroupInput()), settings, guards=guards, now=now
@@ -584,20 +685,52 @@ def backoff_until(record: GroupRecord, recovery: RecoverySpec) -> float | None:
 
 def _restart_allowed(record: GroupRecord, settings: RoleSettings, now: float) -> bool:
     """The group may take a slot now (budget left and backoff over, or a manual request)."""
-    if record.manual:
-        return True
+    if record.manual or record.maintenance:
+        return True  # a person asked, or a move for maintenance: not a failure
     if restarts_in_window(record, settings.recovery, now) >= settings.recovery.budget.restarts:
         return False
     until = backoff_until(record, settings.recovery)
     return until is None or now >= until
 
 
+def _retire_blocked(
+    records: Mapping[int, GroupRecord], inputs: Mapping[int, GroupInput]
+) -> str | None:
+    """Why a scale-down may not take a group out of service now (None: it may).
+
+    The groups that stay (not retiring) must include one in service, so a scale-down
+    never takes the role's last healthy group, and none of them may be recovering a
+    failure: a scale-down waits until the role is whole again.
+    """
+    staying = [r for i, r in records.items() if not inputs.get(i, GroupInput()).retire]
+    if not staying:
+        return None  # scaled to zero on purpose: every group goes
+    recovering = [
+        r
+        for r in staying
+        if ((r.step in BROKEN_STEPS or r.step in RESTARTING_STEPS or r.step is Step.UNSCHEDULABLE)
+        and not r.maintenance)
+        or (r.step is Step.SUSPECT and r.incident is not None)
+    ]
+    if recovering:
+        names = ", ".join(f"group {r.index} ({r.step})" for r in recovering)
+        return f"the role is recovering {names}"
+    if not any(r.step is Step.HEALTHY or r.step in MOVE_STEPS for r in staying):
+        return "no group that stays is in service yet"
+    return None
+
+
 def _may_leave_service(others: Sequence[GroupRecord]) -> bool:
     healthy_peer = any(
-        r.step is Step.HEALTHY or (r.step is Step.SUSPECT and r.incident is None) for r in others
+        r.step is Step.HEALTHY
+        or r.step in MOVE_STEPS  # its old pods serve, then its new ones
+        or (r.step is Step.SUSPECT and r.incident is None)
+        for r in others
     )
+    # A group moving for maintenance is on its way back, not broken.
     all_broken = all(
-        r.step in BROKEN_STEPS or (r.step is Step.SUSPECT and r.incident is not None)
+        (r.step in BROKEN_STEPS and not r.maintenance)
+        or (r.step is Step.SUSPECT and r.incident is not None)
         for r in others
     )
     return healthy_peer or all_broken
@@ -661,7 +794,9 @@ class _Planner:
                 last_verdict=verdict.verdict.value,
                 last_reason=verdict.reason,
             )
-        if not self._manual_request():
+        if self.inp.retire or self.rec.step is Step.RETIRING:
+            self._retire()
+        elif not self._manual_request():
             handler = getattr(self, f"_on_{self.rec.step.name.lower()}")
             handler(verdict)
         return GroupPlan(self.rec, tuple(self.actions), self.requeue)
@@ -865,6 +1000,8 @@ class _Planner:
         self._wait_first_pass(v)
 
     def _wait_first_pass(self, v: GroupVerdict | None) -> None:
+        if self._placement_expired():
+            return
         if v is not None and v.verdict is Verdict.HEALTHY:
             self.goto(Step.READMITTING)
             return
@@ -888,6 +1025,8 @@ class _Planner:
         since = self.rec.healthy_since
         if self.rec.backoff_streak and since is not None and self.now - since >= reset:
             self.update(backoff_streak=0)
+        if self._maintenance_due():
+            return
         if v is None:
             return
         if v.is_failure:
@@ -902,6 +1041,8 @@ class _Planner:
                 self.goto(Step.READMITTING)
                 return
             self._begin_recovery(leaving_service=True)
+            return
+        if self._maintenance_due():
             return
         if v is None:
             return
@@ -925,6 +1066,12 @@ class _Planner:
         if todo:
             self.actions.append(SetGate(_refs(todo), False))
             self.again_in(RECHECK_SECONDS)
+            return
+        if self.rec.maintenance:
+            # Leaving service on purpose: the requests it holds finish first (bounded).
+            if not self._drained(self.pods()):
+                return
+            self.goto(Step.AWAITING_RESTART)
             return
         self.event(Reason.DRAINED, "out of the router (readiness gate false on every pod)")
         self.goto(Step.CAPTURING_EVIDENCE)
@@ -1028,6 +1175,14 @@ class _Planner:
             "last_restart_at": self.now,
             "manual": False,
         }
+        if rec.maintenance:
+            # A move is not a failure: no restart counted, no backoff, never in place
+            # (the same pods would stay on the node that is going away).
+            self._set_action(
+                f"recreate the whole group on other nodes (maintenance: {rec.maintenance})"
+            )
+            self._recreate(set(), avoid=rec.maintenance_nodes, changes={"manual": False})
+            return
         why_not = self._why_not_in_place()
         if why_not is None:
             self._restart_in_place(attempts, counted)
@@ -1039,7 +1194,7 @@ class _Planner:
             self._set_action(f"restart the whole group (Recreate; attempt {attempts}): {why_not}")
         else:
             self._set_action(f"restart the whole group (Recreate; attempt {attempts})")
-        self._recreate(culprits, **counted)
+        self._recreate(culprits, changes=counted)
 
     def _note_escalation(self, why: str) -> None:
         if self.rec.incident is not None:
@@ -1113,18 +1268,24 @@ class _Planner:
         )
         self.requeue = RECHECK_SECONDS
 
-    def _recreate(self, culprits: set[str], **changes: object) -> None:
+    def _recreate(
+        self,
+        culprits: set[str],
+        *,
+        avoid: Sequence[str] = (),
+        changes: Mapping[str, object] | None = None,
+    ) -> None:
         # Snapshot the pods to delete before the first delete: every retry of the delete
         # then names the same UIDs, whatever the API server shows by then.
-        avoid = sorted({p.node for p in self.pods() if p.name in culprits and p.node})
+        nodes = {p.node for p in self.pods() if p.name in culprits and p.node} | set(avoid)
         self.goto(
             Step.DELETING,
             mode="Recreate",
             old_pods=_refs(self.pods()),
             force_deleted=False,
-            avoid_nodes=tuple(avoid),
+            avoid_nodes=tuple(sorted(nodes)),
             rollout=False,
-            **changes,
+            **(changes or {}),
         )
 
     def _on_restarting_in_place(self, v: GroupVerdict | None) -> None:
@@ -1224,7 +1385,11 @@ class _Planner:
 
     def _on_deleting(self, v: GroupVerdict | None) -> None:
         if self.rec.old_pods:
-            self.actions.append(DeletePods(self.rec.old_pods, DELETE_GRACE_SECONDS))
+            self.actions.append(
+                DeletePods(
+                    self.rec.old_pods, DELETE_GRACE_SECONDS, restart=not self.rec.maintenance
+                )
+            )
         self.goto(Step.WAITING_GONE)
 
     def _on_waiting_gone(self, v: GroupVerdict | None) -> None:
@@ -1239,7 +1404,9 @@ class _Planner:
             return
         alive = [p for p in left if not p.deleting]
         if alive:
-            self.actions.append(DeletePods(_refs(alive), DELETE_GRACE_SECONDS))
+            self.actions.append(
+                DeletePods(_refs(alive), DELETE_GRACE_SECONDS, restart=not self.rec.maintenance)
+            )
         if (
             not self.rec.force_deleted
             and self.now - self.rec.step_since >= FORCE_DELETE_AFTER_SECONDS
@@ -1257,9 +1424,16 @@ class _Planner:
     def _on_creating(self, v: GroupVerdict | None) -> None:
         have = [p for p in self.current_pods() if not p.deleting]
         if len(have) >= self.s.pods_per_group:
-            self._restarted(have, "restarted")
+            self._restarted(have, "moved" if self.rec.maintenance else "restarted")
             return
-        self.actions.append(CreateEpoch(self.rec.epoch, self.rec.avoid_nodes))
+        timeout = self.s.scheduling_timeout_seconds
+        if self.now - self.rec.step_since >= timeout:
+            self._withdraw(
+                f"{self.s.pods_per_group - len(have)} pod(s) of epoch {self.rec.epoch} could "
+                f"not be created within schedulingTimeoutSeconds={timeout:g}"
+            )
+            return
+        self.actions.append(CreateEpoch(self.rec.epoch, self.rec.avoid_nodes, self.rec.slot))
         self.again_in(RECHECK_SECONDS)
 
     def _on_readmitting(self, v: GroupVerdict | None) -> None:
@@ -1268,7 +1442,14 @@ class _Planner:
             self.actions.append(SetGate(_refs(todo), True))
             self.again_in(RECHECK_SECONDS)
             return
-        if self.rec.incident is not None:
+        if self.rec.incident is not None and self.rec.maintenance:
+            done = (
+                f"moved for maintenance ({self.rec.maintenance}) by draining first; "
+                f"re-admitted in epoch {self.rec.epoch}"
+            )
+            self._close_incident(done)
+            self.event(Reason.MOVED, done)
+        elif self.rec.incident is not None:
             attempts = self.rec.incident.attempts
             escalation = self.rec.incident.escalation
             why = f"; {escalation}" if escalation and self.rec.mode == "Recreate" else ""
@@ -1281,15 +1462,335 @@ class _Planner:
             self.event(Reason.READMITTED, f"{done}; re-admitted in epoch {self.rec.epoch}")
         else:
             self.event(Reason.READY, f"admitted in epoch {self.rec.epoch}")
-        self.goto(Step.HEALTHY, failures=0, first_failure_at=None, healthy_since=self.now)
+        self.goto(Step.HEALTHY, healthy_since=self.now, **_SETTLED)
         self.requeue = None
 
     def _on_quarantined(self, v: GroupVerdict | None) -> None:
         # Nothing until a manual request (handled before the step handlers run).
         return
 
+    # -- scale-down: the group beyond replicas leaves, drained first
+
+    def _retire(self) -> None:
+        """A group beyond the role's replicas (`GroupInput.retire`): out of every router,
+        its in-flight requests finish (bounded by maintenance.drainTimeoutSeconds), then
+        its pods are deleted. The I/O layer forgets the record once no pod is left.
+        Scaled back up meanwhile: a group still serving is kept, one already going is
+        created anew."""
+        if not self.inp.retire:
+            self._unretire()
+            return
+        if self.rec.step is not Step.RETIRING:
+            serving = any(p.gate is True and not p.deleting for p in self.pods())
+            if serving and self.g.retire_blocked:
+                self.defer("retire", f"scale-down deferred: {self.g.retire_blocked}")
+                self.again_in(RECHECK_SECONDS * 5)
+                return
+            self.event(Reason.RETIRING, "scale-down: leaving the routers, then removed")
+            if self.rec.incident is not None:
+                self._close_incident("not restarted: the group was removed by a scale-down")
+            self.goto(Step.RETIRING, drained_at=None, old_pods=_refs(self.pods()))
+        pods = self.pods()
+        leave = [p for p in pods if not p.deleting and p.gate is not False]
+        if self.rec.drained_at is None and leave:
+            self.actions.append(SetGate(_refs(leave), False))
+            self.again_in(RECHECK_SECONDS)
+            return
+        if not self._drained(pods):
+            return
+        alive = [p for p in pods if not p.deleting]
+        if alive:
+            self.actions.append(DeletePods(_refs(alive), DELETE_GRACE_SECONDS, restart=False))
+        if pods:
+            self.again_in(RECHECK_SECONDS)
+            return
+        self.event(Reason.RETIRED, "scale-down: removed (no pod left)")
+        self.requeue = None
+
+    def _unretire(self) -> None:
+        """Back within replicas while retiring."""
+        if any(p.deleting for p in self.pods()) or not self.pods():
+            self.goto(Step.WAITING_GONE, old_pods=_refs(self.pods()), drained_at=None)
+            return
+        self.event(Reason.RETIRING, "scale-down undone: the group stays")
+        self.goto(Step.READMITTING, drained_at=None)
+
+    # -- placement: an epoch is placed whole within schedulingTimeoutSeconds, or withdrawn
+
+    def _placement_expired(self) -> bool:
+        """The current epoch's pods are not all bound to nodes in time: withdraw it
+        (True). Counted from the epoch's start; the scheduler's reason is kept."""
+        pods = [p for p in self.current_pods() if not p.deleting]
+        unplaced = [p for p in pods if p.node is None]
+        if not unplaced:
+            if self.rec.unschedulable:
+                self.update(unschedulable=None)
+            return False
+        why = _unplaced_reason(unplaced)
+        if why != self.rec.unschedulable:
+            self.update(unschedulable=why)
+        timeout = self.s.scheduling_timeout_seconds
+        deadline = self.rec.epoch_started_at + timeout
+        if self.now < deadline:
+            self.again_in(deadline - self.now)
+            return False
+        self._withdraw(
+            f"{len(unplaced)} of {self.s.pods_per_group} pod(s) of epoch {self.rec.epoch} not "
+            f"placed within schedulingTimeoutSeconds={timeout:g}: {why}"
+        )
+        return True
+
+    def _withdraw(self, why: str) -> None:
+        """Delete every pod of the group (a half-placed group holds GPUs and serves
+        nothing) and retry a fresh epoch after backoff; not a restart."""
+        n = self.rec.withdrawals + 1
+        b = self.s.recovery.backoff
+        delay = max(min(b.base_seconds << min(n - 1, 32), b.max_seconds), RECHECK_SECONDS)
+        self.event(
+            Reason.UNSCHEDULABLE,
+            f"epoch {self.rec.epoch} withdrawn whole: {why}; retrying in {delay:g}s "
+            f"(withdrawal {n})",
+            warning=True,
+        )
+        self._set_action(f"epoch {self.rec.epoch} withdrawn (unschedulable): {why}")
+        pods = self.pods()
+        if pods:
+            self.actions.append(DeletePods(_refs(pods), DELETE_GRACE_SECONDS, restart=False))
+        self.goto(
+            Step.UNSCHEDULABLE,
+            old_pods=_refs(pods),
+            withdrawals=n,
+            retry_at=self.now + delay,
+            unschedulable=why,
+        )
+        self.requeue = RECHECK_SECONDS
+
+    def _on_unschedulable(self, v: GroupVerdict | None) -> None:
+        doomed = {r.uid for r in self.rec.old_pods}
+        left = [p for p in self.pods() if p.uid in doomed or p.epoch == self.rec.epoch]
+        alive = [p for p in left if not p.deleting]
+        if alive:
+            self.actions.append(DeletePods(_refs(alive), DELETE_GRACE_SECONDS, restart=False))
+        if left:
+            self.again_in(RECHECK_SECONDS)
+            return
+        retry_at = self.rec.retry_at or self.now
+        if self.now < retry_at:
+            self.again_in(retry_at - self.now)
+            return
+        self.goto(Step.CREATING, epoch=self.rec.epoch + 1, old_pods=())
+
+    # -- maintenance: move off a cordoned or drained node, make-before-break
+
+    def _maintenance_due(self) -> bool:
+        """A pod of the group is on a node under maintenance: start moving (True)."""
+        why = self.inp.maintenance
+        mode = self.s.maintenance.mode
+        if why is None or mode == "Off":
+            return False
+        if self.rec.retry_at is not None and self.now < self.rec.retry_at:
+            self.again_in(self.rec.retry_at - self.now)
+            return False
+        nodes = self.inp.maintenance_nodes
+        if mode == "MakeBeforeBreak":
+            self._open_incident(MAINTENANCE_VERDICT, why, why, first_failure=self.now)
+            target, slot = self.rec.epoch + 1, 1 - self.rec.slot
+            self._set_action(f"move make-before-break: epoch {target} on other nodes first")
+            self.event(
+                Reason.MAINTENANCE,
+                f"maintenance ({why}): starting epoch {target} on other nodes while "
+                f"epoch {self.rec.epoch} serves",
+            )
+            self.actions.append(CreateEpoch(target, nodes, slot))
+            self.goto(
+                Step.MOVING,
+                epoch=target,
+                slot=slot,
+                old_pods=_refs(self.pods()),
+                maintenance=why,
+                maintenance_nodes=nodes,
+                epoch_started_at=self.now,
+                failures=0,
+                first_failure_at=None,
+                drained_at=None,
+            )
+            self.requeue = RECHECK_SECONDS
+            return True
+        return self._drain_first(why, nodes)
+
+    def _drain_first(self, why: str, nodes: Sequence[str]) -> bool:
+        """Move by draining first: out of the routers, in-flight requests finish, then
+        the group is recreated on other nodes (True: started; False: deferred)."""
+        if not self.g.may_leave_service:
+            self.defer(
+                "maintenance-last-in-service",
+                f"maintenance ({why}) deferred: the group is the last of the role in service "
+                "and another group is coming back",
+            )
+            return False
+        if self.rec.incident is None:
+            self._open_incident(MAINTENANCE_VERDICT, why, why, first_failure=self.now)
+        self._set_action("move by draining first, then recreate on other nodes")
+        self.event(Reason.MAINTENANCE, f"maintenance ({why}): draining the group, then moving it")
+        self.goto(
+            Step.DRAINING,
+            maintenance=why,
+            maintenance_nodes=tuple(nodes),
+            failures=0,
+            first_failure_at=None,
+            drained_at=None,
+        )
+        return True
+
+    def _on_moving(self, v: GroupVerdict | None) -> None:
+        new = [p for p in self.current_pods() if not p.deleting]
+        timeout = self.s.scheduling_timeout_seconds
+        waited = self.now - self.rec.step_since
+        if len(new) < self.s.pods_per_group:
+            if waited >= timeout:
+                self._move_failed(f"the new pods were not created within {timeout:g}s")
+                return
+            self.actions.append(
+                CreateEpoch(self.rec.epoch, self.rec.maintenance_nodes, self.rec.slot)
+            )
+            self.again_in(RECHECK_SECONDS)
+            return
+        unplaced = [p for p in new if p.node is None]
+        if unplaced:
+            refused = [p for p in unplaced if p.unschedulable]
+            if (refused and waited >= MOVE_UNSCHEDULABLE_SECONDS) or waited >= timeout:
+                self._move_failed(f"no room elsewhere: {_unplaced_reason(unplaced)}")
+                return
+            self.again_in(RECHECK_SECONDS)
+            return
+        if v is not None and v.verdict is Verdict.HEALTHY:
+            self.goto(
+                Step.HANDING_OVER, drained_at=None, restart_baseline=_baseline(new, self.rec.epoch)
+            )
+            return
+        if v is not None and v.is_failure and v.signals & BROKEN_SIGNALS:
+            self._move_failed(f"the new epoch broke: {v.reason}")
+            return
+        deadline = self.rec.epoch_started_at + self.s.health.startup_grace_seconds
+        if self.now >= deadline:
+            self._move_failed(
+                f"no deep probe passed within startupGraceSeconds="
+                f"{self.s.health.startup_grace_seconds}"
+            )
+            return
+        self.again_in(min(deadline - self.now, RECHECK_SECONDS * 5))
+
+    def _move_failed(self, why: str) -> None:
+        """The new epoch cannot take over: delete it and move by draining first."""
+        new = [p for p in self.current_pods() if not p.deleting]
+        self.event(
+            Reason.MOVE_FAILED,
+            f"make-before-break move not possible ({why}): draining first instead",
+            warning=True,
+        )
+        if new:
+            self.actions.append(DeletePods(_refs(new), DELETE_GRACE_SECONDS, restart=False))
+        maintenance = self.rec.maintenance or "maintenance"
+        if not self._drain_first(f"{maintenance}; {why}", self.rec.maintenance_nodes):
+            # The role cannot lose this group now: its old pods keep serving (the old
+            # epoch and slot are the group's again); the move is tried again later.
+            self._close_incident(f"move deferred: {why}")
+            self.goto(
+                Step.HEALTHY,
+                epoch=max(self.rec.epoch - 1, 0),
+                slot=1 - self.rec.slot,
+                healthy_since=self.now,
+                **{**_SETTLED, "retry_at": self.now + MOVE_RETRY_SECONDS},
+            )
+            self.requeue = MOVE_RETRY_SECONDS
+
+    def _on_handing_over(self, v: GroupVerdict | None) -> None:
+        new = [p for p in self.current_pods() if not p.deleting]
+        old_uids = {r.uid for r in self.rec.old_pods}
+        old = [p for p in self.pods() if p.uid in old_uids]
+        admit = [p for p in new if p.gate is not True]
+        if admit:
+            # The new epoch joins the routers before the old one leaves them.
+            self.actions.append(SetGate(_refs(admit), True))
+            self.again_in(RECHECK_SECONDS)
+            return
+        if self.rec.drained_at is None:
+            leave = [p for p in old if not p.deleting and p.gate is not False]
+            if leave:
+                self.actions.append(SetGate(_refs(leave), False))
+                self.again_in(RECHECK_SECONDS)
+                return
+        if not self._drained(old):
+            return
+        if old:
+            alive = [p for p in old if not p.deleting]
+            if alive:
+                self.actions.append(DeletePods(_refs(alive), DELETE_GRACE_SECONDS, restart=False))
+            self.again_in(RECHECK_SECONDS)
+            return
+        nodes = sorted({p.node for p in new if p.node})
+        done = (
+            f"moved make-before-break for maintenance ({self.rec.maintenance}) to epoch "
+            f"{self.rec.epoch} on {', '.join(nodes)}; never out of service"
+        )
+        self._close_incident(done)
+        self.event(Reason.MOVED, done)
+        self.goto(Step.HEALTHY, healthy_since=self.now, **_SETTLED)
+        self.requeue = None
+
+    def _drained(self, pods: Sequence[PodView]) -> bool:
+        """The pods left every router and their leaders hold no request any more, or
+        drainTimeoutSeconds passed (then the rest are cut off, and the Event says so)."""
+        if self.rec.drained_at is None:
+            self.update(drained_at=self.now)
+            self.again_in(DRAIN_SETTLE_SECONDS)
+            return False
+        waited = self.now - self.rec.drained_at
+        timeout = self.s.maintenance.drain_timeout_seconds
+        leaders = [p for p in pods if p.rank == 0 and not p.deleting and p.container_running]
+        holding = {p.name: self.inp.inflight.get(p.name) for p in leaders}
+        busy = {name: n for name, n in holding.items() if n is None or n > 0}
+        if waited < DRAIN_SETTLE_SECONDS or (busy and waited < timeout):
+            self.again_in(DRAIN_RECHECK_SECONDS)
+            return False
+        if busy:
+            self.event(
+                Reason.DRAINED,
+                f"drain timed out after {timeout}s (maintenance.drainTimeoutSeconds) with "
+                + ", ".join(f"{k}: {'unknown' if n is None else n}" for k, n in busy.items())
+                + " request(s) in flight",
+                warning=True,
+            )
+        else:
+            self.event(
+                Reason.DRAINED,
+                f"out of every router; in-flight requests finished after {waited:.1f}s",
+            )
+        return True
+
 
 # ---------------------------------------------------------------------------- helpers
+
+# What a group that reached Healthy forgets of the road there.
+_SETTLED: dict[str, object] = {
+    "failures": 0,
+    "first_failure_at": None,
+    "maintenance": None,
+    "maintenance_nodes": (),
+    "old_pods": (),
+    "drained_at": None,
+    "withdrawals": 0,
+    "retry_at": None,
+    "unschedulable": None,
+}
+
+
+def _unplaced_reason(pods: Sequence[PodView]) -> str:
+    """The scheduler's own words for pods it did not place (or that it has not yet)."""
+    for p in pods:
+        if p.unschedulable:
+            return f"{p.name}: {p.unschedulable}"
+    return f"{', '.join(p.name for p in pods[:4])} not scheduled yet"
 
 
 def rfc3339(t: float) -> str:

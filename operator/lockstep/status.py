@@ -159,7 +159,7 @@ def derive_status(
                     last_restart_time=None
                     if rec.last_restart_at is None
                     else rfc3339(rec.last_restart_at),
-                    message=rec.last_reason,
+                    message=rec.unschedulable or rec.maintenance or rec.last_reason,
                 )
             )
         replicas = 0 if pdd.spec.paused else pdd.spec.role(role).replicas
@@ -175,7 +175,13 @@ def derive_status(
     recovering = [
         f"{r.role}/{r.index}"
         for r in records.values()
-        if status_state(r) in ("Recovering", "Starting")
+        if status_state(r) in ("Recovering", "Starting", "Moving", "Unschedulable")
+    ]
+    # A group whose pods the scheduler did not place (in time, or not yet): the reason.
+    unplaced = [
+        f"{r.role}/{r.index}: {r.unschedulable}"
+        for r in sorted(records.values(), key=lambda r: (r.role, r.index))
+        if r.unschedulable
     ]
     broken = [
         f"{r.role}/{r.index}"
@@ -208,6 +214,15 @@ def derive_status(
             "GroupsQuarantined" if quarantined else ("GroupsBroken" if broken else "AsExpected"),
             (f"quarantined: {', '.join(quarantined)}; " if quarantined else "")
             + (f"broken: {', '.join(broken)}" if broken else ""),
+            now,
+            gen,
+        ),
+        condition(
+            old_conditions,
+            "Schedulable",
+            not unplaced,
+            "GroupsUnschedulable" if unplaced else "AllPlaced",
+            "; ".join(unplaced) or "every group's pods are placed",
             now,
             gen,
         ),

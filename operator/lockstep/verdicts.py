@@ -191,6 +191,8 @@ class PodView:
     gate: bool | None = None
     # The node it was scheduled to (None: not scheduled).
     node: str | None = None
+    # Why the scheduler could not place it ("reason: message"; None: not refused).
+    unschedulable: str | None = None
 
 
 ProbeStatus = Literal["ok", "failed", "timeout"]
@@ -325,7 +327,14 @@ def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
         ready=conditions.get("Ready", {}).get("status") == "True",
         gate=None if gate is None else gate.get("status") == "True",
         node=(pod.get("spec") or {}).get("nodeName") or None,
+        unschedulable=_unschedulable(conditions.get("PodScheduled")),
     )
+
+
+def _unschedulable(cond: Mapping[str, Any] | None) -> str | None:
+    if not cond or cond.get("status") != "False":
+        return None
+    return clip_evidence(f"{cond.get('reason') or 'Unschedulable'}: {cond.get('message') or ''}")
 
 
 # ---------------------------------------------------------------------------- classify

@@ -397,7 +397,15 @@ INCIDENT = IncidentRecord(
 
 def pods(epoch: int = 4, gate: bool | None = True, deleting: bool = False) -> tuple[PodView, ...]:
     return tuple(
-        PodView(f"m-decode-0-{r}", f"e{epoch}-{r}", epoch, r, gate=gate, deleting=deleting)
+        PodView(
+            f"m-decode-0-{r}",
+            f"e{epoch}-{r}",
+            epoch,
+            r,
+            gate=gate,
+            deleting=deleting,
+            node=f"node-{r}",
+        )
         for r in range(2)
     )
 
@@ -504,6 +512,26 @@ TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
     ("awaiting restart: manual request lifts backoff",
      rec(Step.AWAITING_RESTART, incident=INCIDENT, backoff_streak=4, last_restart_at=T0),
      GroupInput(pods(gate=False), manual_request="req-1"), Step.AWAITING_RESTART, ["EmitEvent"]),
+    # Maintenance and placement (the whole paths: tests/unit/test_maintenance.py).
+    ("healthy: its node is cordoned", rec(Step.HEALTHY),
+     GroupInput(pods(), maintenance="node node-1 is cordoned", maintenance_nodes=("node-1",)),
+     Step.MOVING, ["OpenIncident", "UpdateIncident", "EmitEvent", "CreateEpoch"]),
+    ("moving: new pods missing", rec(Step.MOVING, epoch=5, slot=1, maintenance="m"),
+     GroupInput(pods()), Step.MOVING, ["CreateEpoch"]),
+    ("moving: new epoch passes", rec(Step.MOVING, epoch=5, slot=1, maintenance="m"),
+     GroupInput((*pods(), *(
+         PodView(f"m-decode-0b-{r}", f"e5-{r}", 5, r, node="node-9") for r in range(2)
+     )), V("ok", 5)), Step.HANDING_OVER, []),
+    ("handing over: admit the new pods first",
+     rec(Step.HANDING_OVER, epoch=5, slot=1, maintenance="m", old_pods=OLD_REFS),
+     GroupInput((*pods(), *(
+         PodView(f"m-decode-0b-{r}", f"e5-{r}", 5, r, node="node-9") for r in range(2)
+     ))), Step.HANDING_OVER, ["SetGate"]),
+    ("starting: pods not placed in time", rec(Step.STARTING, epoch_started_at=T0 - 300),
+     GroupInput(tuple(replace(p, node=None) for p in pods(gate=None))), Step.UNSCHEDULABLE,
+     ["EmitEvent", "DeletePods"]),
+    ("unschedulable: retry after backoff", rec(Step.UNSCHEDULABLE, retry_at=T0 - 1),
+     GroupInput(()), Step.CREATING, []),
 ]  # fmt: skip
 
 
@@ -738,7 +766,15 @@ def test_record_survives_a_restart_mid_recovery_through_its_json() -> None:
 
 def test_reconciler_keeps_off_the_pods_while_recovery_replaces_them() -> None:
     owned = {s for s in Step if not reconciler_may_create_pods(rec(s))}
-    assert owned == {Step.RESTARTING_IN_PLACE, Step.DELETING, Step.WAITING_GONE, Step.CREATING}
+    assert owned == {
+        Step.RESTARTING_IN_PLACE,
+        Step.DELETING,
+        Step.WAITING_GONE,
+        Step.CREATING,
+        Step.MOVING,
+        Step.HANDING_OVER,
+        Step.UNSCHEDULABLE,
+    }
 
 
 # ------------------------------------------------------------------------ guard rails

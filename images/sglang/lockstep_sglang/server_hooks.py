@@ -20,6 +20,7 @@ from sglang.utils import TypeBasedDispatcher
 from lockstep_sglang import hooks
 from lockstep_sglang.config import RuntimeConfig
 from lockstep_sglang.hooks import LockstepProbeOutput, LockstepProbeReq
+from lockstep_sglang.inflight import COUNTER, INFLIGHT_ROUTE, InflightMiddleware
 from lockstep_sglang.probe import ProbeGate, ProbeReply, ProbeRequest
 
 PROBE_ROUTE = "/lockstep/probe"
@@ -107,13 +108,21 @@ async def probe_route(request: Request) -> JSONResponse:
     return JSONResponse(dict(outcome), status_code=status)
 
 
+async def inflight_route() -> JSONResponse:
+    """``GET /lockstep/inflight``: the work requests this server holds (`inflight`)."""
+    return JSONResponse(COUNTER.body())
+
+
 def install_server_hooks(config: RuntimeConfig) -> None:
-    """Main-process hooks: IPC types, the probe route, the DP controller's entry."""
+    """Main-process hooks: IPC types, the probe and in-flight routes with their counting
+    middleware, the DP controller's entry."""
     global _config, _route_added
     _config = config
     hooks.register_ipc_types()
     if not _route_added:
         http_server.app.add_api_route(PROBE_ROUTE, probe_route, methods=["GET"])
+        http_server.app.add_api_route(INFLIGHT_ROUTE, inflight_route, methods=["GET"])
+        http_server.app.add_middleware(InflightMiddleware)
         _route_added = True
     # engine.py looks this name up when it starts the DP controller process.
     engine_mod.run_data_parallel_controller_process = hooks.run_data_parallel_controller_process

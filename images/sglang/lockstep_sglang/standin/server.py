@@ -46,6 +46,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lockstep_sglang import __version__
+from lockstep_sglang.inflight import INFLIGHT_ROUTE, InflightCounter, InflightMiddleware
 from lockstep_sglang.probe import ProbeGate, ProbeReply
 from lockstep_sglang.standin.kv import (
     BootstrapServer,
@@ -328,6 +329,13 @@ def build_app(frontend: Frontend) -> FastAPI:
     settings = frontend.settings
     server = settings.server
     app = FastAPI(title="lockstep SGLang stand-in", version=__version__, docs_url=None)
+    # One counter per app (a test may build several in one process).
+    inflight = InflightCounter()
+    app.add_middleware(InflightMiddleware, counter=inflight)
+
+    @app.get(INFLIGHT_ROUTE)
+    async def inflight_route() -> JSONResponse:
+        return JSONResponse(inflight.body())
 
     def meta(
         result: GenerateResult, started: float, bootstrap: tuple[Any, Any, Any]

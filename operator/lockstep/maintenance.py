@@ -1,0 +1,95 @@
+"""Which nodes are under maintenance, and which groups must move off them (pure).
+
+Planned maintenance shows on the Node: `kubectl cordon`/`kubectl drain` set
+`spec.unschedulable`, and maintenance tooling taints nodes (NoSchedule or NoExecute). A
+group with a pod of its current epoch on such a node must move before the node goes:
+the recovery planner (`recovery`, `GroupInput.maintenance`) moves it make-before-break.
+
+Taints the node lifecycle controller sets (`node.kubernetes.io/not-ready`,
+`unreachable`, pressure taints) are failures, not maintenance: the verdicts see what they
+do to a group. A taint the group's pods tolerate is not a reason to move either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Taints of node health, not of maintenance (kubectl cordon's own taint is maintenance).
+HEALTH_TAINT_PREFIX = "node.kubernetes.io/"
+CORDON_TAINT = "node.kubernetes.io/unschedulable"
+MOVE_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the operator keeps of a Node (from its watch): enough to judge maintenance."""
+
+    name: str
+    unschedulable: bool = False
+    taints: tuple[tuple[str, str, str], ...] = ()  # key, value, effect
+
+    @classmethod
+    def from_k8s(cls, node: Mapping[str, Any]) -> NodeState:
+        spec = node.get("spec") or {}
+        taints = tuple(
+            (str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+            for t in spec.get("taints") or []
+            if isinstance(t, Mapping)
+        )
+        return cls(
+            name=str((node.get("metadata") or {}).get("name", "")),
+            unschedulable=bool(spec.get("unschedulable")),
+            taints=taints,
+        )
+
+
+def _tolerated(taint: tuple[str, str, str], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    key, value, effect = taint
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != effect:
+            continue
+        if t.get("operator") == "Exists" and (not t.get("key") or t.get("key") == key):
+            return True
+        if t.get("key") == key and (t.get("value") or "") == value:
+            return True
+    return False
+
+
+def node_maintenance(node: NodeState, tolerations: Sequence[Mapping[str, Any]] = ()) -> str | None:
+    """Why pods with these tolerations should leave the node (None: they need not)."""
+    if node.unschedulable:
+        return f"node {node.name} is cordoned"
+    for taint in node.taints:
+        key, _, effect = taint
+        if effect not in MOVE_EFFECTS or _tolerated(taint, tolerations):
+            continue
+        if key.startswith(HEALTH_TAINT_PREFIX) and key != CORDON_TAINT:
+            continue
+        return f"node {node.name} is tainted {key}:{effect}"
+    return None
+
+
+def group_maintenance(
+    pods: Sequence[Mapping[str, Any]], nodes: Mapping[str, NodeState]
+) -> tuple[str | None, tuple[str, ...]]:
+    """Why a group must move (its pods' nodes under maintenance) and those nodes.
+
+    `pods` are the group's pods of its current epoch; a pod not scheduled, or on a node
+    the operator has not seen, is no reason.
+    """
+    reasons: list[str] = []
+    moving: list[str] = []
+    for pod in pods:
+        node = nodes.get(str((pod.get("spec") or {}).get("nodeName") or ""))
+        if node is None or node.name in moving:
+            continue
+        tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        why = node_maintenance(node, tolerations)
+        if why is not None:
+            reasons.append(why)
+            moving.append(node.name)
+    if not reasons:
+        return None, ()
+    return "; ".join(reasons), tuple(sorted(moving))
