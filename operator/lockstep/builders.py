@@ -26,6 +26,7 @@ garbage-collects everything.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import secrets
@@ -212,14 +213,23 @@ def build_group_pods(
     template = (
         pods if epoch == 0 and slot == 0 else _group_pods(pdd, role_name, group, 0, policy, 0)
     )
+    gang = pdd.spec.role(role_name).placement.gang
     for pod, tmpl in zip(pods, template, strict=True):
-        pod["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH] = spec_hash(tmpl["spec"])
+        # The Kueue labels are metadata, outside the spec hashed here; the gang settings
+        # join the hash (only when set, so other templates keep their hash) so that a new
+        # queue rolls the groups. The per-epoch pod-group name never enters it.
+        hashed: Any = tmpl["spec"]
+        if gang is not None:
+            hashed = {"spec": tmpl["spec"], "gang": gang.model_dump(by_alias=True)}
+        pod["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH] = spec_hash(hashed)
         if avoid_nodes:
-            pod["spec"]["affinity"] = _avoid(avoid_nodes)
+            _prefer_avoiding(pod["spec"], avoid_nodes)
     return pods
 
 
-def _avoid(nodes: Sequence[str]) -> Obj:
+def _prefer_avoiding(pod_spec: Obj, nodes: Sequence[str]) -> None:
+    """Add preferences against `nodes` to a pod's node affinity, beside what placement
+    rendered there (the user's required and preferred terms, the pod affinity)."""
     # A node field selector takes one value per NotIn: one preference per node (a node
     # avoided by none of them scores highest).
     terms = [
@@ -231,7 +241,75 @@ def _avoid(nodes: Sequence[str]) -> Obj:
         }
         for node in sorted(set(nodes))
     ]
-    return {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": terms}}
+    node_affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    preferred = node_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.extend(terms)
+
+
+def kueue_pod_group_name(pdd: PDDeployment, role: str, group: int, epoch: int) -> str:
+    """The Kueue pod group of one group's epoch: a fresh gang per epoch, so a recreated
+    group is admitted anew, never counted into the workload of its withdrawn pods."""
+    return f"{group_name(pdd, role, group)}-e{epoch}"
+
+
+def _placement(
+    pdd: PDDeployment, role_name: str, group: int, epoch: int, rank: int
+) -> tuple[Obj, dict[str, str], dict[str, str]]:
+    """What spec.<role>.placement adds to one pod: (pod spec fields, labels,
+    annotations)."""
+    placement = pdd.spec.role(role_name).placement
+    spec: Obj = {}
+    affinity: Obj = {}
+    if placement.node_affinity:
+        affinity["nodeAffinity"] = copy.deepcopy(placement.node_affinity)
+    if placement.topology_key:
+        # The group's epoch in one domain of topologyKey. The leader's term selects its
+        # whole epoch and the leader matches it itself: the scheduler lets the first pod
+        # of such a set land anywhere (when no pod matches yet), so the leader places the
+        # group, where spread allows. The other ranks' term selects only that leader, which
+        # they do not match, so they wait for it and follow it. Were they also to match
+        # their own term, a rank 1 scheduled before its leader would pick the domain
+        # blind to spread, and a leader under DoNotSchedule could then have nowhere to go.
+        selector = {
+            **group_selector(pdd, role_name, group),
+            c.LABEL_EPOCH: str(epoch),
+        }
+        if rank != 0:
+            selector[c.LABEL_RANK] = "0"
+        affinity["podAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": selector},
+                    "topologyKey": placement.topology_key,
+                }
+            ]
+        }
+    if affinity:
+        spec["affinity"] = affinity
+    if placement.spread and rank == 0:
+        # Groups spread, not pods: only leaders carry the constraints and only leaders
+        # are counted (every epoch's; the scheduler skips terminating pods), so a group
+        # counts once whatever its size. Its other ranks sit where the leader is by the
+        # pod affinity above (with topologyKey set).
+        spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": s.max_skew,
+                "topologyKey": s.topology_key,
+                "whenUnsatisfiable": s.when_unsatisfiable,
+                "labelSelector": {"matchLabels": role_selector(pdd, role_name)},
+            }
+            for s in placement.spread
+        ]
+    if placement.scheduler_name:
+        spec["schedulerName"] = placement.scheduler_name
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    kueue = placement.gang.kueue if placement.gang else None
+    if kueue is not None:
+        labels[c.KUEUE_QUEUE_NAME] = kueue.queue_name
+        labels[c.KUEUE_POD_GROUP_NAME] = kueue_pod_group_name(pdd, role_name, group, epoch)
+        annotations[c.KUEUE_POD_GROUP_TOTAL_COUNT] = str(pdd.spec.role(role_name).pods_per_group)
+    return spec, labels, annotations
 
 
 def _group_pods(
@@ -252,6 +330,10 @@ def _group_pods(
         }
         if slot:
             labels[c.LABEL_SLOT] = str(slot)
+        placed, placement_labels, placement_annotations = _placement(
+            pdd, role_name, group, epoch, rank
+        )
+        labels.update(placement_labels)
         args = [
             *policy.argv,
             "--node-rank",
@@ -346,8 +428,9 @@ def _group_pods(
             ]
         if role.priority_class_name:
             pod_spec["priorityClassName"] = role.priority_class_name
+        pod_spec.update(placed)
         meta = _metadata(pdd, name, labels)
-        meta["annotations"] = {}
+        meta["annotations"] = dict(placement_annotations)
         if role_name == "prefill" and leader:
             # sglang-router reads a prefill worker's bootstrap port from this annotation.
             meta["annotations"]["sglang.ai/bootstrap-port"] = str(c.PORT_BOOTSTRAP)

@@ -52,6 +52,11 @@ READINESS_GATE = f"{GROUP}/group-healthy"
 # Annotations.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
 
+# Kueue plain-pod groups (spec.<role>.placement.gang.kueue): one group per group epoch.
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+KUEUE_POD_GROUP_NAME = "kueue.x-k8s.io/pod-group-name"
+KUEUE_POD_GROUP_TOTAL_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+
 # Ports inside every SGLang pod.
 PORT_HTTP = 30000
 PORT_BOOTSTRAP = 8998

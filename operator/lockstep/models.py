@@ -124,6 +124,128 @@ class Toleration(_Model):
     toleration_seconds: int | None = Field(None, ge=0, description="For NoExecute.")
 
 
+# The fields of a Kubernetes NodeAffinity (placement.nodeAffinity is passed through).
+NODE_AFFINITY_FIELDS = frozenset(
+    {
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "preferredDuringSchedulingIgnoredDuringExecution",
+    }
+)
+
+
+class SpreadSpec(_Model):
+    """How a role's groups spread over the domains of one node label."""
+
+    topology_key: str = Field(
+        min_length=1,
+        max_length=317,
+        description="The node label whose values are the domains (e.g. "
+        "topology.kubernetes.io/zone, topology.kubernetes.io/rack).",
+    )
+    max_skew: int = Field(
+        1,
+        ge=1,
+        le=512,
+        description="The most the number of groups in one domain may exceed the number in "
+        "the emptiest one.",
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        "ScheduleAnyway",
+        description="DoNotSchedule: a group that would break maxSkew stays Pending; "
+        "ScheduleAnyway: the skew is only a preference of the scheduler.",
+    )
+
+
+class KueueGang(_Model):
+    """A Kueue plain-pod group per group and epoch."""
+
+    queue_name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="The Kueue LocalQueue of this role's pods (label kueue.x-k8s.io/queue-name).",
+    )
+
+
+class GangSpec(_Model):
+    """All-or-nothing admission of one group's pods."""
+
+    kueue: KueueGang | None = Field(
+        None,
+        description="Admit each group's pods of one epoch as one Kueue plain-pod group "
+        "(labels kueue.x-k8s.io/queue-name and kueue.x-k8s.io/pod-group-name "
+        "<name>-<role>-<group>-e<epoch>, annotation kueue.x-k8s.io/pod-group-total-count "
+        "podsPerGroup): Kueue releases the pods only when the whole group fits. Kueue "
+        "must manage pods of this namespace (its pod integration).",
+    )
+
+
+class PlacementSpec(_Model):
+    """Where a role's pods may run: a group whole inside one topology domain, groups
+    spread over domains, node affinity, and gang admission."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    # The API server refuses a pod with two spread constraints on one key.
+                    "rule": "!has(self.spread) || self.spread.all(a, "
+                    "self.spread.exists_one(b, b.topologyKey == a.topologyKey))",
+                    "message": "spread lists a topologyKey more than once",
+                }
+            ]
+        }
+    )
+
+    topology_key: str | None = Field(
+        None,
+        min_length=1,
+        max_length=317,
+        description="A node label (e.g. topology.kubernetes.io/rack, nvidia.com/gpu.clique) "
+        "within which all pods of one group of one epoch must land: each pod gets a "
+        "required pod affinity to its group's epoch on this key (the group's leader may "
+        "land anywhere, the other ranks follow it). Nodes without the label are not "
+        "used. Unset: the pods of a group may land anywhere.",
+    )
+    spread: list[SpreadSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        description="How the role's groups spread over domains (zones, racks): a "
+        "topologySpreadConstraint per entry on each group's leader (rank-0) pod, counting "
+        "the role's leader pods, so each group counts once. The other ranks are placed "
+        "by topologyKey: without it only the leaders spread.",
+    )
+    node_affinity: dict[str, Any] | None = Field(
+        None,
+        description="A Kubernetes NodeAffinity (requiredDuringSchedulingIgnoredDuring"
+        "Execution, preferredDuringSchedulingIgnoredDuringExecution) for the role's pods, "
+        "as is. The operator appends its own preferences (nodes to avoid after a "
+        "recreate).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    scheduler_name: str | None = Field(
+        None,
+        min_length=1,
+        description="The pods' schedulerName (e.g. a gang scheduler); unset: the default "
+        "scheduler.",
+    )
+    gang: GangSpec | None = Field(
+        None,
+        description="Gang admission of each group (all pods of an epoch or none). Kueue is "
+        "the supported gang scheduler (gang.kueue); another one is used through "
+        "schedulerName and its own admission (pod group objects, labels) that lockstep "
+        "does not write.",
+    )
+    scheduling_timeout_seconds: int = Field(
+        300,
+        ge=10,
+        le=86400,
+        description="How long every pod of a group's epoch may take to be bound to a node. "
+        "Past it the epoch is withdrawn whole (every pod deleted, nothing left holding "
+        "GPUs) and retried, so a group never waits half-placed.",
+    )
+
+
 class RoleSpec(_Model):
     """One role (prefill or decode): `replicas` TP groups of `podsPerGroup` pods each."""
 
@@ -170,6 +292,12 @@ class RoleSpec(_Model):
     priority_class_name: str | None = Field(None, description="PriorityClass of the pods.")
     transfer: TransferSpec | None = Field(
         None, description="Per-role override of spec.transfer (must match the other role)."
+    )
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec,
+        description="Where the groups run: one topology domain per group, spread of groups, "
+        "node affinity, scheduler and gang admission, and the binding deadline.",
+        json_schema_extra=_obj_default(),
     )
 
 
@@ -700,6 +828,26 @@ def cross_field_problems(pdd: PDDeployment) -> list[SpecProblem]:
                     f"{path}.ep",
                     f"ep={role.ep} does not divide tp={role.tp}",
                     "use an ep that divides tp (usually ep = tp or 1)",
+                )
+            )
+        node_affinity = role.placement.node_affinity or {}
+        unknown = sorted(set(node_affinity) - NODE_AFFINITY_FIELDS)
+        if unknown:
+            problems.append(
+                SpecProblem(
+                    f"{path}.placement.nodeAffinity",
+                    f"has unknown field(s) {', '.join(unknown)}",
+                    "use " + " and/or ".join(sorted(NODE_AFFINITY_FIELDS)),
+                )
+            )
+        keys = [s.topology_key for s in role.placement.spread]
+        for key in sorted({k for k in keys if keys.count(k) > 1}):
+            problems.append(
+                SpecProblem(
+                    f"{path}.placement.spread",
+                    f"topologyKey {key!r} is listed more than once (the API server refuses "
+                    "a pod with two spread constraints on one key)",
+                    "keep one entry per topologyKey",
                 )
             )
         if role.replicas < 1 and not spec.paused:

@@ -309,8 +309,10 @@ class GroupRecord(_Frozen):
     # Why the group is moving for maintenance (None: it is not), and the nodes it leaves.
     maintenance: str | None = None
     maintenance_nodes: tuple[str, ...] = ()
-    # When the pods leaving service were out of every router (the drain's start).
+    # When the pods leaving service were out of every router (the drain's start), and
+    # whether their in-flight requests are done (or the drain timed out).
     drained_at: float | None = None
+    drain_done: bool = False
     # Epochs withdrawn in a row because their pods could not all be placed; when the
     # next attempt may start; the scheduler's reason.
     withdrawals: int = 0
@@ -708,8 +710,10 @@ def _retire_blocked(
     recovering = [
         r
         for r in staying
-        if ((r.step in BROKEN_STEPS or r.step in RESTARTING_STEPS or r.step is Step.UNSCHEDULABLE)
-        and not r.maintenance)
+        if (
+            (r.step in BROKEN_STEPS or r.step in RESTARTING_STEPS or r.step is Step.UNSCHEDULABLE)
+            and not r.maintenance
+        )
         or (r.step is Step.SUSPECT and r.incident is not None)
     ]
     if recovering:
@@ -762,7 +766,14 @@ class _Planner:
         self.rec = self.rec.model_copy(update=changes)
 
     def goto(self, step: Step, **changes: object) -> None:
-        self.update(step=step, step_since=self.now, deferred=None, capture_asked=False, **changes)
+        self.update(
+            step=step,
+            step_since=self.now,
+            deferred=None,
+            capture_asked=False,
+            drain_done=False,
+            **changes,
+        )
         self.requeue = 0.0
 
     def event(self, reason: Reason, message: str, *, warning: bool = False) -> None:
@@ -1741,6 +1752,8 @@ class _Planner:
     def _drained(self, pods: Sequence[PodView]) -> bool:
         """The pods left every router and their leaders hold no request any more, or
         drainTimeoutSeconds passed (then the rest are cut off, and the Event says so)."""
+        if self.rec.drain_done:
+            return True
         if self.rec.drained_at is None:
             self.update(drained_at=self.now)
             self.again_in(DRAIN_SETTLE_SECONDS)
@@ -1753,6 +1766,7 @@ class _Planner:
         if waited < DRAIN_SETTLE_SECONDS or (busy and waited < timeout):
             self.again_in(DRAIN_RECHECK_SECONDS)
             return False
+        self.update(drain_done=True)
         if busy:
             self.event(
                 Reason.DRAINED,

@@ -91,6 +91,7 @@ def test_valid_pddeployment_is_stored_with_server_side_defaults(
     assert stored["spec"]["safety"]["overlapSchedule"] == "Guarded"  # as written
     assert stored["spec"]["recovery"]["policy"] == "RestartGroup"
     assert stored["spec"]["health"]["failureThreshold"] == 3
+    assert stored["spec"]["decode"]["placement"] == {"schedulingTimeoutSeconds": 300}
 
 
 def _without(obj: dict[str, Any], dotted: str) -> dict[str, Any]:
@@ -126,6 +127,34 @@ INVALID = [
         lambda o: with_path(o, "spec.decode.replicas", -1),
         "spec.decode.replicas: Invalid value: -1",
         id="negative-replicas",
+    ),
+    pytest.param(
+        lambda o: with_path(
+            o, "spec.decode.placement.spread", [{"topologyKey": "z", "maxSkew": 0}]
+        ),
+        "spec.decode.placement.spread[0].maxSkew: Invalid value: 0",
+        id="spread-max-skew-zero",
+    ),
+    pytest.param(
+        lambda o: with_path(
+            o,
+            "spec.decode.placement.spread",
+            [{"topologyKey": "z", "whenUnsatisfiable": "DoNotSchedul"}],
+        ),
+        'spec.decode.placement.spread[0].whenUnsatisfiable: Unsupported value: "DoNotSchedul"',
+        id="spread-when-unsatisfiable-typo",
+    ),
+    pytest.param(
+        lambda o: with_path(
+            o, "spec.decode.placement.spread", [{"topologyKey": "z"}, {"topologyKey": "z"}]
+        ),
+        "spread lists a topologyKey more than once",
+        id="cel-spread-key-twice",
+    ),
+    pytest.param(
+        lambda o: with_path(o, "spec.decode.placement.schedulingTimeoutSeconds", 1),
+        "spec.decode.placement.schedulingTimeoutSeconds: Invalid value: 1",
+        id="scheduling-timeout-too-short",
     ),
 ]
 

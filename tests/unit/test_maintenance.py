@@ -33,7 +33,9 @@ from lockstep.verdicts import PodView
 pytestmark = pytest.mark.unit
 
 
-def move_settings(mode: str = "MakeBeforeBreak", drain: int = 30, sched: float = 60) -> RoleSettings:
+def move_settings(
+    mode: str = "MakeBeforeBreak", drain: int = 30, sched: float = 60
+) -> RoleSettings:
     base = settings()
     return replace(
         base,
@@ -179,9 +181,7 @@ def test_no_room_elsewhere_falls_back_to_draining_first_one_group_at_a_time() ->
         seen.append(sim.step(0))
         if Step.DRAINING in (sim.step(0), sim.step(1)):
             sim.full = False  # the drained pods free their GPUs for the new epoch
-        serving = [
-            g for g in (0, 1) if any(p.gate is True and not p.deleting for p in sim.view(g))
-        ]
+        serving = [g for g in (0, 1) if any(p.gate is True and not p.deleting for p in sim.view(g))]
         assert serving, f"both groups out of service at {sim.now - T0:.0f}s"
         if all(sim.step(g) is Step.HEALTHY and sim.records[g].epoch > 0 for g in (0, 1)):
             break
@@ -207,7 +207,12 @@ def test_maintenance_off_leaves_the_group_alone() -> None:
 
 def test_an_epoch_not_placed_in_time_is_withdrawn_whole_and_retried_after_backoff() -> None:
     cfg = move_settings(sched=20)
-    cfg = replace(cfg, recovery=cfg.recovery.model_copy(update={"backoff": cfg.recovery.backoff.model_copy(update={"base_seconds": 10})}))
+    cfg = replace(
+        cfg,
+        recovery=cfg.recovery.model_copy(
+            update={"backoff": cfg.recovery.backoff.model_copy(update={"base_seconds": 10})}
+        ),
+    )
     sim = MoveSim(cfg=cfg)
     sim.round({0: "desync!"})
     sim.full = True

@@ -532,6 +532,10 @@ TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
      ["EmitEvent", "DeletePods"]),
     ("unschedulable: retry after backoff", rec(Step.UNSCHEDULABLE, retry_at=T0 - 1),
      GroupInput(()), Step.CREATING, []),
+    ("healthy: beyond replicas leaves the routers first", rec(Step.HEALTHY),
+     GroupInput(pods(), retire=True), Step.RETIRING, ["EmitEvent", "SetGate"]),
+    ("retiring: drained, gone", rec(Step.RETIRING, drained_at=T0 - 5, drain_done=True),
+     GroupInput((), retire=True), Step.RETIRING, ["EmitEvent"]),
 ]  # fmt: skip
 
 
@@ -774,6 +778,7 @@ def test_reconciler_keeps_off_the_pods_while_recovery_replaces_them() -> None:
         Step.MOVING,
         Step.HANDING_OVER,
         Step.UNSCHEDULABLE,
+        Step.RETIRING,
     }
 
 

@@ -851,6 +851,7 @@ class Drill:
             for t in ((p["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
                 "preferredDuringSchedulingIgnoredDuringExecution", []
             )
+            if t["preference"].get("matchFields")
         ]
         more = [
             *refused,
