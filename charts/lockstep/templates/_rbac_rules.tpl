@@ -67,6 +67,24 @@
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]
+# Per-role scaling (PDRoleScale, lockstep.dev): one object per scaled role, read through
+# the operator's cache (list, watch; get on a conflict), created and patched to follow
+# its PDDeployment (update for a whole-object write under resourceVersion), deleted with
+# the role.
+- apiGroups: ["lockstep.dev"]
+  resources: ["pdrolescales"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# Its status (the scale the role has reached) is the operator's to write; read back
+# before a write that must not lose another writer's fields.
+- apiGroups: ["lockstep.dev"]
+  resources: ["pdrolescales/status"]
+  verbs: ["get", "patch", "update"]
+# Node maintenance: a PodDisruptionBudget per serving group, so a `kubectl drain` (the
+# eviction API) never takes more of a group than the operator can replace; read through
+# the operator's cache, created, patched as the group's size changes, deleted with it.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # An Event for every verdict and action (kopf.event posts a new core/v1 Event each time;
 # it neither patches Events nor uses events.k8s.io).
 - apiGroups: [""]
@@ -87,6 +105,12 @@
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+# Node maintenance: which node each pod runs on is cordoned or being drained
+# (spec.unschedulable, taints) and where it sits (topology labels). Nodes exist only
+# cluster-wide, so this is here even when the operator watches some namespaces; read-only.
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get", "list", "watch"]
 {{- if and .Values.ha.enabled (not (include "lockstep.watchNamespaces" . | fromJsonArray)) }}
 # HA, every namespace: kopf peering in one ClusterKopfPeering (list, watch, keep-alive
 # patches; no get).

@@ -41,7 +41,13 @@ from lockstep import constants as c
 from lockstep.localcluster import sglang_cpu
 from lockstep.localcluster.controlplane import LocalControlPlane, find_helm, repo_root
 from lockstep.localcluster.engines import EngineName, engine
-from lockstep.localcluster.kubelet import LOG_NAME, NodeShape, ProcessKubelet
+from lockstep.localcluster.kubelet import (
+    LOG_NAME,
+    NodeShape,
+    ProcessKubelet,
+    node_names,
+    rack_labels,
+)
 
 OperatorMode = Literal["chart", "process"]
 OPERATOR_MODES: tuple[OperatorMode, ...] = ("chart", "process")
@@ -385,6 +391,8 @@ class DevCluster:
         *,
         nodes: int = 4,
         gpus_per_node: int = 8,
+        racks: int | None = None,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
         audit_log: bool = False,
         before_operator: Callable[[LocalControlPlane], Path | None] | None = None,
         engine: EngineName = "standin",
@@ -396,7 +404,12 @@ class DevCluster:
         use instead of the admin one (e.g. the chart's ServiceAccount bound to the
         chart's RBAC, for the least-privilege drill); `audit_log` turns the API server's
         audit log on; `engine` is what SGLang pods run (`standin`, or `sglang`: the real
-        server on CPU, see :mod:`lockstep.localcluster.engines`)."""
+        server on CPU, see :mod:`lockstep.localcluster.engines`).
+
+        Nodes are `lockstep-gpu-0` ... `lockstep-gpu-<nodes - 1>` (`node_names`), each
+        with `gpus_per_node` GPUs. `racks` spreads them over that many racks round-robin
+        (node i gets `topology.kubernetes.io/rack=rack-<i % racks>`); `node_labels` adds
+        labels per node name on top (and wins over the rack label)."""
         if operator not in OPERATOR_MODES:
             raise ValueError(f"unknown operator mode {operator!r}; one of {OPERATOR_MODES}")
         if before_operator is not None and operator != "process":
@@ -405,6 +418,7 @@ class DevCluster:
         self.workdir = workdir
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
+        self.node_labels = self._labels(nodes, racks, node_labels or {})
         self.audit_log = audit_log
         self.before_operator = before_operator
         self.engine = engine
@@ -413,6 +427,17 @@ class DevCluster:
         self.kubelet: ProcessKubelet | None = None
         self.operator: OperatorProcess | ChartOperator | None = None
         self._stopping = threading.Event()
+
+    @staticmethod
+    def _labels(
+        nodes: int, racks: int | None, extra: Mapping[str, Mapping[str, str]]
+    ) -> dict[str, dict[str, str]]:
+        names = node_names(nodes)
+        unknown = sorted(set(extra) - set(names))
+        if unknown:
+            raise ValueError(f"node_labels for nodes the cluster does not have: {unknown}")
+        labels = rack_labels(names, racks) if racks is not None else {}
+        return {n: {**labels.get(n, {}), **extra.get(n, {})} for n in names}
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -434,6 +459,7 @@ class DevCluster:
                     self.cp,
                     nodes=self.nodes,
                     shape=NodeShape(gpus=self.gpus_per_node),
+                    node_labels=self.node_labels,
                     root_dir=self.workdir / "kubelet",
                     engine=engine(self.engine),
                 )

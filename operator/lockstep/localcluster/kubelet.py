@@ -123,6 +123,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NODE_LABEL = "lockstep.dev/process-kubelet"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# Not a well-known Kubernetes label (zone and region are); the name follows their scheme,
+# and the local cluster's topology-aware placement tests select on it.
+RACK_LABEL = "topology.kubernetes.io/rack"
+NODE_PREFIX = "lockstep-gpu"
 LEASE_NAMESPACE = "kube-node-lease"
 FIELD_MANAGER = "lockstep-process-kubelet"
 HOST_IP = "127.0.0.1"
@@ -187,8 +191,9 @@ class NodeShape:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-def build_node(name: str, shape: NodeShape) -> Obj:
-    """The Node object a process kubelet registers (status is set separately)."""
+def build_node(name: str, shape: NodeShape, extra_labels: Mapping[str, str] | None = None) -> Obj:
+    """The Node object a process kubelet registers (status is set separately):
+    the kubelet's own labels, then the shape's, then this node's `extra_labels`."""
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
@@ -197,6 +202,7 @@ def build_node(name: str, shape: NodeShape) -> Obj:
         "nvidia.com/gpu.count": str(shape.gpus),
         NODE_LABEL: "true",
         **shape.labels,
+        **(extra_labels or {}),
     }
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
@@ -253,6 +259,19 @@ def build_node_status(
             "bootID": "",
         },
     }
+
+
+def node_names(count: int, prefix: str = NODE_PREFIX) -> list[str]:
+    """The names of a process kubelet's nodes: `<prefix>-0` ... `<prefix>-<count - 1>`."""
+    return [f"{prefix}-{i}" for i in range(count)]
+
+
+def rack_labels(node_names: Sequence[str], racks: int) -> dict[str, dict[str, str]]:
+    """Spread nodes over `racks` racks round-robin: node i gets `RACK_LABEL: rack-<i % racks>`
+    (a `node_labels` value for `ProcessKubelet`)."""
+    if racks < 1:
+        raise ValueError("racks must be at least 1")
+    return {name: {RACK_LABEL: f"rack-{i % racks}"} for i, name in enumerate(node_names)}
 
 
 def node_schedulable(node: Mapping[str, Any]) -> bool:
@@ -702,6 +721,16 @@ class ProcessKubelet:
     on stop. `stop()` kills every process the kubelet started, and with
     `remove_nodes_on_stop` deletes its nodes (and their leases) so the scheduler stops
     using them; pod objects are left as they are.
+
+    Nodes are named `<node_prefix>-<i>`; `node_labels` (by node name, e.g.
+    `rack_labels(names, racks)`) adds labels to one node on top of the shape's. The
+    kubelet writes a node's metadata only when it registers it (an adopted node left by
+    an earlier kubelet gets its labels merged in, keeping others'); heartbeats patch the
+    status subresource only, so labels added by others (`kubectl label`) and a cordon
+    (`spec.unschedulable` and its taint, `kubectl cordon` or `drain`) stay as they are.
+    Evicting a pod (the eviction API, as `kubectl drain` does) is a graceful deletion:
+    its processes get SIGTERM, then SIGKILL after the grace period, and the pod object
+    is removed.
     """
 
     def __init__(
@@ -709,8 +738,9 @@ class ProcessKubelet:
         controlplane: LocalControlPlane | None = None,
         *,
         nodes: int = 1,
-        node_prefix: str = "lockstep-gpu",
+        node_prefix: str = NODE_PREFIX,
         shape: NodeShape | None = None,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
         root_dir: Path | None = None,
         address_pool: str = "127.0.64.0/18",
         commands: CommandTable | None = None,
@@ -728,8 +758,12 @@ class ProcessKubelet:
         if nodes < 1:
             raise ValueError("a process kubelet needs at least one node")
         self._cp = controlplane
-        self.node_names = [f"{node_prefix}-{i}" for i in range(nodes)]
+        self.node_names = node_names(nodes, node_prefix)
         self.shape = shape or NodeShape()
+        unknown = sorted(set(node_labels or {}) - set(self.node_names))
+        if unknown:
+            raise ValueError(f"node_labels for nodes this kubelet does not have: {unknown}")
+        self.node_labels = {n: dict((node_labels or {}).get(n, {})) for n in self.node_names}
         self._given_root = root_dir
         self._root: Path | None = None
         self._addresses = AddressPool(address_pool)
@@ -932,7 +966,7 @@ class ProcessKubelet:
         return self._cp.http_client(timeout=_REQUEST_TIMEOUT)
 
     def _register_node(self, http: httpx.Client, name: str) -> None:
-        node = build_node(name, self.shape)
+        node = build_node(name, self.shape, self.node_labels[name])
         response = http.post("/api/v1/nodes", json=node, params={"fieldManager": FIELD_MANAGER})
         if response.status_code == 409:  # left by an earlier kubelet: adopt it
             response = http.patch(
