@@ -84,6 +84,7 @@ from lockstep.recovery import (
     adopt_group,
     plan_role,
     reconciler_may_create_pods,
+    retired,
 )
 from lockstep.status import LastProbe, derive_status, invalid_status, status_changed
 from lockstep.verdicts import (
@@ -434,6 +435,7 @@ def _run_round(
         pdd, policy, pods, services, current_epochs, set(), slots=current_slots
     ).stale_groups
     roles: tuple[Role, ...] = ("prefill", "decode")
+    wanted: dict[Role, int] = {role: pdd.spec.role(role).replicas for role in roles}
     steps = step_bounds(pdd)
 
     deps = rt.deps
@@ -441,13 +443,19 @@ def _run_round(
     def token() -> str:
         return agent_token(deps, pdd, namespace)
 
+    retiring: set[GroupId] = set()
     for role in roles:
         spec_role = pdd.spec.role(role)
-        replicas = 0 if pdd.spec.paused else spec_role.replicas
+        replicas = 0 if pdd.spec.paused else wanted[role]
+        # Groups beyond replicas (a scale-down) stay planned until they have left: drained
+        # first, then deleted (`recovery`); paused deployments delete at once.
+        present = [g for (r, g) in by_group if r == role]
+        present += [rec.index for rec in records.values() if rec.role == role]
+        span = replicas if pdd.spec.paused else max([replicas, *(g + 1 for g in present)])
         role_records = {
-            g: r for g in range(replicas) if (r := records.get(record_key(role, g))) is not None
+            g: r for g in range(span) if (r := records.get(record_key(role, g))) is not None
         }
-        for g in range(replicas):
+        for g in range(span):
             if g not in role_records and by_group.get((role, g)):
                 # Found running without a record (fresh install, lost annotation): adopt
                 # it with today's restart counts as the baseline.
@@ -456,8 +464,10 @@ def _run_round(
                 )
         rolling = _rolling_group(role, stale, role_records)
         inputs = {}
-        for g in range(replicas):
+        for g in range(span):
             group_pods = by_group.get((role, g), [])
+            if g >= replicas and not group_pods and g not in role_records:
+                continue
             verdict = observe_group(
                 rt, (namespace, name, role, g), role_records.get(g), group_pods,
                 spec_role.pods_per_group, now, steps, token,
@@ -482,19 +492,28 @@ def _run_round(
                 manual_request=request,
                 restart_failures={uid: why for uid, (why, _) in failed.items()},
                 restart_unreachable=frozenset(uid for uid, (_, silent) in failed.items() if silent),
-                template_changed=rollout,
+                template_changed=rollout and g < replicas,
                 captured=_captured(rec, entries),
+                retire=g >= replicas,
             )
         plan = plan_role(RoleSettings.from_spec(pdd.spec, role), role_records, inputs, now=now)
         for g, gp in sorted(plan.groups.items()):
             exe.execute(role, g, gp.actions)
             all_actions.extend(gp.actions)
+            if g >= replicas:
+                if retired(gp.record, inputs[g].pods):
+                    continue  # left for good: forget it
+                retiring.add((role, g))
             new_records[record_key(role, g)] = gp.record
             if gp.requeue_after is not None:
                 requeue = gp.requeue_after if requeue is None else min(requeue, gp.requeue_after)
             exe.epochs.setdefault((role, g), gp.record.epoch)
             exe.slots.setdefault((role, g), gp.record.slot)
-            if reconciler_may_create_pods(gp.record) and not by_group.get((role, g)):
+            if (
+                g < replicas
+                and reconciler_may_create_pods(gp.record)
+                and not by_group.get((role, g))
+            ):
                 exe.create_groups.add((role, g))
     _forget_restart_failures(rt, namespace, name, new_records)
     if exe.create_groups:
@@ -512,6 +531,7 @@ def _run_round(
         exe.create_groups,
         exe.avoid_nodes,
         exe.slots,
+        retiring,
     )
     _apply_reconcile(rt, namespace, reconcile, events)
     _apply_pdbs(rt, mem, namespace, reconcile.pdbs)
@@ -581,7 +601,10 @@ def _inflight(
 ) -> dict[str, int | None]:
     """The requests each leader of a group holds, read only while the group drains on
     purpose (maintenance): one small GET per leader, bounded."""
-    if record is None or not record.maintenance or record.step not in _DRAIN_STEPS:
+    draining = (record is not None and record.maintenance and record.step in _DRAIN_STEPS) or (
+        record is not None and record.step is Step.RETIRING
+    )
+    if record is None or not draining:
         return {}
     out: dict[str, int | None] = {}
     for pod in pods:

@@ -76,6 +76,7 @@ def plan_reconcile(
     create_groups: Collection[GroupId],
     avoid_nodes: Mapping[GroupId, Sequence[str]] | None = None,
     slots: Mapping[GroupId, int] | None = None,
+    retiring: Collection[GroupId] = (),
 ) -> ReconcilePlan:
     """Plan the sync of pods, group Services and disruption budgets for one PDDeployment.
 
@@ -83,6 +84,8 @@ def plan_reconcile(
     `slots`: the name slot of each group's current epoch (default 0). Pods of the other
     slot (a make-before-break move's old pods) neither block creating the current epoch
     nor make the group stale: recovery deletes them when the move is done.
+    `retiring`: groups beyond replicas that recovery drains before it deletes them (their
+    pods, Service and disruption budgets stay until then).
     """
     plan = ReconcilePlan()
     observed = pods_by_group(pods)
@@ -136,15 +139,22 @@ def plan_reconcile(
                 for p in have
             ):
                 plan.stale_groups.append(gid)
-    # Groups beyond replicas (scale down, or paused): the whole group goes.
+    # Groups beyond replicas (paused, or a scale-down not drained by recovery): the whole
+    # group goes.
+    for gid in retiring:
+        plan.pdbs.extend(
+            build_group_pdb(pdd, gid[0], gid[1], s)
+            for s in sorted({pod_slot(p) for p in observed.get(gid, [])})
+        )
     for gid, have in sorted(observed.items()):
-        if gid not in desired_groups:
+        if gid not in desired_groups and gid not in retiring:
             plan.delete_pods.extend((p["metadata"]["name"], p["metadata"]["uid"]) for p in have)
     for name, svc in sorted(svc_by_name.items()):
         svc_group = group_of(svc)
         if (
             svc_group is not None
             and svc_group not in desired_groups
+            and svc_group not in retiring
             and name in (group_name(pdd, *svc_group), group_name(pdd, *svc_group, 1))
         ):
             plan.delete_services.append(name)
