@@ -24,6 +24,7 @@ the drain (the detection window) and after it (must be none).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -54,6 +55,9 @@ from lockstep.dev.traffic import (
 from lockstep.localcluster import sglang_cpu
 from lockstep.localcluster.controlplane import repo_root
 from lockstep.localcluster.engines import ENGINES, EngineName
+from lockstep.localcluster.kubelet import RACK_LABEL
+from lockstep.localcluster.maintenance import start_drain
+from lockstep.records import ANNOTATION_RESTART
 from lockstep.router_workers import serving_workers
 
 SCENARIOS = (
@@ -69,7 +73,16 @@ SCENARIOS = (
     "concurrent",
     "agent-down",
     "baseline",
+    "node-drain",
+    "unplaceable",
 )
+# Scenarios that need more nodes than the default cluster's, in labelled pools.
+NODE_SCENARIOS = ("node-drain", "unplaceable")
+# The node-drain drill's decode pool: 4 of 6 nodes, labelled and tainted so that only
+# decode pods land there (the operator, the router and prefill stay off the drained node).
+DRILL_POOL = "lockstep.dev/drill-pool"
+# The unplaceable drill's capacity label: decode pods need it; the drill takes it away.
+DRILL_CAPACITY = "lockstep.dev/drill-capacity"
 # What runs on the real SGLang engine (the stand-in runs every scenario).
 REAL_SGLANG_SCENARIOS = (
     "desync",
@@ -181,6 +194,8 @@ class DrillResult:
     others_received_while_drained: int = 0
     drained_for_s: float | None = None
     router_stale_workers: list[str] = field(default_factory=list)  # URLs of no live pod
+    # The maintenance drills (node-drain, unplaceable): their figures (see the scenario).
+    maintenance: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -229,11 +244,17 @@ class Drill:
             router = True  # a real PD decode server needs the router's prefill bootstrap
             timeout_s = max(timeout_s, 420.0)
         self.scenario = scenario
+        options = dict(cluster_options or {})
+        if scenario in NODE_SCENARIOS:
+            options.setdefault("nodes", 6)
+            options.setdefault("racks", 2)
+        if scenario == "node-drain":
+            router = True  # the issue's promise is about requests through the router
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"lockstep-drill-{scenario}-"))
         self.observer = observer
         self.timeout_s = timeout_s
-        self.cluster = DevCluster(self.workdir, engine=engine, **dict(cluster_options or {}))
+        self.cluster = DevCluster(self.workdir, engine=engine, **options)
         self.traffic: Traffic | None = None
         self.router = router
         self.recovery_mode = recovery_mode
@@ -244,6 +265,9 @@ class Drill:
         self.readmitted_at: float | None = None
         self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
         self.first_injection: float | None = None
+        # Whether decode/0 had a serving (Ready, not deleting) leader, sampled by poll()
+        # in the node-drain drill.
+        self.serving: list[tuple[float, bool]] = []
 
     # ----------------------------------------------------------------- helpers
 
@@ -328,6 +352,8 @@ class Drill:
     def poll(self) -> None:
         """Called while waiting: notes the drain time, samples the recovery steps."""
         recs = self.records()
+        if self.scenario == "node-drain" and self.result.injected_at is not None:
+            self.serving.append((time.time(), self._serving(AFFECTED)))
         self.samples.append(
             (time.time(), {k: str(v.get("step", "Healthy")) for k, v in recs.items()})
         )
@@ -378,6 +404,8 @@ class Drill:
                 "local cluster up: control plane, process kubelet, operator"
                 + (" (the Helm chart's)" if self.cluster.operator_mode == "chart" else "")
             )
+            if self.scenario in NODE_SCENARIOS:
+                self._prepare_nodes()
             self.cluster.apply(drill_spec(**self.spec_overrides()))
             applied = time.time()
             self.note(
@@ -469,6 +497,38 @@ class Drill:
         return overrides
 
     def _scenario_overrides(self) -> dict[str, Any]:
+        if self.scenario == "node-drain":
+            pool = {"key": DRILL_POOL, "operator": "In", "values": ["decode"]}
+            return {
+                "decode": {
+                    "tolerations": [
+                        {
+                            "key": DRILL_POOL,
+                            "operator": "Equal",
+                            "value": "decode",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                    "placement": {
+                        "topologyKey": RACK_LABEL,
+                        "spread": [
+                            {"topologyKey": RACK_LABEL, "whenUnsatisfiable": "DoNotSchedule"}
+                        ],
+                        "nodeAffinity": _required_node_terms(pool),
+                    },
+                }
+            }
+        if self.scenario == "unplaceable":
+            need = {"key": DRILL_CAPACITY, "operator": "In", "values": ["yes"]}
+            return {
+                "decode": {
+                    "placement": {
+                        "nodeAffinity": _required_node_terms(need),
+                        "schedulingTimeoutSeconds": 10,
+                    }
+                },
+                "recovery": {"mode": "Recreate"},
+            }
         if self.scenario == "baseline":
             # The alternative without lockstep: the runtime's decision consensus off (plain
             # SGLang has none in its loops), SGLang's gloo timeout left long, and nobody
@@ -1030,6 +1090,205 @@ class Drill:
         ]
         self._conclude(checks)
 
+    # ------------------------------------------------------- maintenance drills
+
+    def _nodes(self) -> dict[str, dict[str, Any]]:
+        """Every node (as a dict) by name."""
+        api = self.cluster.api
+        items = self.cluster.core().list_node().items
+        plain = [api.sanitize_for_serialization(n) for n in items]  # type: ignore[no-untyped-call]
+        return {str(n["metadata"]["name"]): dict(n) for n in plain}
+
+    def _prepare_nodes(self) -> None:
+        """Label (and for node-drain, taint) the nodes before the deployment exists."""
+        core = self.cluster.core()
+        nodes = sorted(self._nodes())
+        if self.scenario == "unplaceable":
+            for n in nodes:
+                core.patch_node(n, {"metadata": {"labels": {DRILL_CAPACITY: "yes"}}})
+            self.note(f"every node labelled {DRILL_CAPACITY}=yes (decode pods require it)")
+            return
+        busy = {
+            str(p.spec.node_name)
+            for p in core.list_pod_for_all_namespaces().items
+            if p.spec is not None and p.spec.node_name
+        }
+        pool = [n for n in nodes if n not in busy][:4]
+        if len(pool) < 4:
+            raise RuntimeError(f"need 4 idle nodes for the decode pool, have {pool}")
+        for n in pool:
+            core.patch_node(
+                n,
+                {
+                    "metadata": {"labels": {DRILL_POOL: "decode"}},
+                    "spec": {
+                        "taints": [{"key": DRILL_POOL, "value": "decode", "effect": "NoSchedule"}]
+                    },
+                },
+            )
+        racks = {n: self.cluster.node_labels.get(n, {}).get(RACK_LABEL) for n in pool}
+        self.note(f"decode pool (labelled and tainted): {racks}")
+
+    def _serving(self, key: str) -> bool:
+        """A rank-0 pod of the group is Ready (admitted) and not being deleted."""
+        role, index = key.split("/")
+        sel = f"{self.selector},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index},{c.LABEL_RANK}=0"
+        for pod in self.cluster.pods(NAMESPACE, sel):
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            for cond in (pod.get("status") or {}).get("conditions") or []:
+                if cond.get("type") == "Ready" and cond.get("status") == "True":
+                    return True
+        return False
+
+    def _group_pods(self, key: str) -> list[dict[str, Any]]:
+        role, index = key.split("/")
+        sel = f"{self.selector},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index}"
+        return [
+            p
+            for p in self.cluster.pods(NAMESPACE, sel)
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def _node_drain(self) -> None:
+        """`kubectl drain` the node of one pod of decode/0, with traffic through the router:
+        the eviction API refuses the serving group's pods (its disruption budget), the
+        operator moves the group make-before-break, and the drain then completes."""
+        pods = self._group_pods(AFFECTED)
+        follower = next(p for p in pods if p["metadata"]["labels"].get(c.LABEL_RANK) == "1")
+        node = str(follower["spec"]["nodeName"])
+        old_nodes = sorted({str(p["spec"]["nodeName"]) for p in pods})
+        epoch = int(self.group(AFFECTED).get("epoch", 0))
+        restarts = int(self.group(AFFECTED).get("restarts", 0))
+        assert self.cluster.cp is not None
+        self.result.injected_at = self.first_injection = time.time()
+        self.drained_at = None
+        with start_drain(self.cluster.cp.kubeconfig, node, timeout_s=240) as drain:
+            self.note(f"kubectl drain {node} (decode/0 on {old_nodes}); traffic continues")
+            self.wait(lambda: not drain.running, 280, "kubectl drain to finish")
+            done = drain.wait(5)
+        self.note(f"kubectl drain exited {done.returncode} after {done.seconds:.1f}s")
+        inc = self.wait(
+            lambda: next(
+                (
+                    i
+                    for i in self.status().get("incidents") or []
+                    if _group_key(i) == AFFECTED and i["state"] == "Closed"
+                ),
+                None,
+            ),
+            120,
+            "the maintenance incident closed",
+        )
+        self.wait(lambda: self.group(AFFECTED).get("state") == "Healthy", 60, "decode/0 Healthy")
+        time.sleep(2)  # requests sent during the move finish (or fail) before counting
+        moved = self._group_pods(AFFECTED)
+        new_nodes = sorted({str(p["spec"]["nodeName"]) for p in moved})
+        node_racks = {
+            name: (n["metadata"].get("labels") or {}).get(RACK_LABEL)
+            for name, n in self._nodes().items()
+        }
+        racks = {node_racks.get(n) for n in new_nodes}
+        out = _out_of_service(self.serving)
+        assert self.traffic is not None
+        failed = [o for o in self.traffic.failures() if o.sent_at >= self.result.injected_at]
+        hanging = [o for o in failed if o.latency_s >= self.traffic.timeout_s - 0.1]
+        sent = self.traffic.stats(self.result.injected_at).get(ROUTER)
+        self.result.maintenance = {
+            "node": node,
+            "drain_exit_code": done.returncode,
+            "cordon_to_drain_complete_s": round(done.seconds, 2),
+            "evicted": list(done.evicted),
+            "old_nodes": old_nodes,
+            "new_nodes": new_nodes,
+            "new_racks": sorted(r or "" for r in racks),
+            "epoch": [epoch, int(self.group(AFFECTED).get("epoch", 0))],
+            "out_of_service_s": round(out, 2),
+            "requests_sent": sent.sent if sent else 0,
+            "requests_failed": len(failed),
+            "requests_hanging": len(hanging),
+            "incident_verdict": inc.get("verdict"),
+            "incident_action": inc.get("action"),
+            "restarts": [restarts, int(self.group(AFFECTED).get("restarts", 0))],
+        }
+        self.note(f"maintenance figures: {json.dumps(self.result.maintenance)}")
+        self._conclude(
+            [
+                (done.returncode == 0, f"kubectl drain failed: {done.output[-400:]}"),
+                (node not in new_nodes, f"decode/0 still on the drained node {node}"),
+                (len(racks) == 1, f"decode/0's new pods span racks {racks}"),
+                (inc.get("verdict") == "Maintenance", f"incident verdict {inc.get('verdict')}"),
+                (
+                    "make-before-break" in str(inc.get("action")),
+                    f"not moved make-before-break: {inc.get('action')}",
+                ),
+                (out == 0.0, f"decode/0 out of service for {out:.2f}s"),
+                (not failed, f"{len(failed)} request(s) failed during the move"),
+                (
+                    int(self.group(AFFECTED).get("restarts", 0)) == restarts,
+                    "the move counted as a restart",
+                ),
+            ]
+        )
+
+    def _unplaceable(self) -> None:
+        """The nodes lose the label decode pods require, then decode/0 is restarted
+        (Recreate): its next epoch cannot be placed, is withdrawn whole after
+        schedulingTimeoutSeconds and retried; once a node has the label again, it comes up."""
+        core = self.cluster.core()
+        nodes = sorted(self._nodes())
+        for n in nodes:
+            core.patch_node(n, {"metadata": {"labels": {DRILL_CAPACITY: None}}})
+        self.note(f"label {DRILL_CAPACITY} removed from every node; restarting decode/0")
+        self.result.injected_at = self.first_injection = time.time()
+        self.cluster.custom().patch_namespaced_custom_object(
+            c.GROUP,
+            c.VERSION,
+            NAMESPACE,
+            c.PLURAL,
+            NAME,
+            {"metadata": {"annotations": {ANNOTATION_RESTART: "decode/0@unplaceable-1"}}},
+        )
+        self.wait(
+            lambda: self.group(AFFECTED).get("state") == "Unschedulable",
+            120,
+            "decode/0 Unschedulable (its epoch withdrawn)",
+        )
+        withdrawn = time.time() - self.result.injected_at
+        left = self._group_pods(AFFECTED)
+        schedulable: dict[str, Any] = next(
+            (x for x in self.status().get("conditions") or [] if x["type"] == "Schedulable"), {}
+        )
+        events = [
+            e for e in self.cluster.events(NAMESPACE) if e.get("reason") == "GroupUnschedulable"
+        ]
+        self.note(f"withdrawn after {withdrawn:.1f}s: {schedulable.get('message')}")
+        for n in nodes[:2]:
+            core.patch_node(n, {"metadata": {"labels": {DRILL_CAPACITY: "yes"}}})
+        back_at = time.time()
+        self.note(f"{DRILL_CAPACITY}=yes on {nodes[:2]} again")
+        self.wait(lambda: self.group(AFFECTED).get("state") == "Healthy", 120, "decode/0 Healthy")
+        placed = time.time() - back_at
+        self.result.maintenance = {
+            "restart_to_withdrawn_s": round(withdrawn, 2),
+            "capacity_to_healthy_s": round(placed, 2),
+            "pods_left_when_withdrawn": len(left),
+            "schedulable_condition": schedulable,
+            "unschedulable_events": len(events),
+            "event_message": (events[0].get("message") if events else None),
+            "restarts": int(self.group(AFFECTED).get("restarts", 0)),
+        }
+        msg = str(schedulable.get("message"))
+        self._conclude(
+            [
+                (not left, f"{len(left)} pod(s) of decode/0 left after the withdrawal"),
+                (schedulable.get("status") == "False", f"Schedulable condition {schedulable}"),
+                ("affinity" in msg or "selector" in msg, f"no scheduler reason in {msg!r}"),
+                (bool(events), "no GroupUnschedulable Event"),
+                (self.result.maintenance["restarts"] == 1, "the withdrawals counted as restarts"),
+            ]
+        )
+
     def _baseline(self) -> None:
         """Without lockstep's guard and recovery a desynced group stays wedged."""
         self.result.injected_at = time.time()
@@ -1081,6 +1340,25 @@ class Drill:
             ),
         ]
         self._conclude(checks)
+
+
+def _required_node_terms(expression: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [dict(expression)]}]
+        }
+    }
+
+
+def _out_of_service(samples: Sequence[tuple[float, bool]]) -> float:
+    """Seconds without a serving leader, from (time, serving) samples."""
+    total = 0.0
+    for (at, serving), (nxt, _) in itertools.pairwise(samples):
+        if not serving:
+            total += nxt - at
+    if samples and not samples[-1][1]:
+        total += 1e-3  # ended out of service: never 0
+    return total
 
 
 def run_drill(scenario: str, **kw: Any) -> DrillResult:
