@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from annotated_types import Le
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from lockstep import constants as c
@@ -216,23 +216,14 @@ class Resolution:
     status: dict[str, Any]
 
 
-def _field(obj: Mapping[str, Any] | None, part: str, model: type[_Model]) -> Any:
-    """A validated spec or status of the object; None when absent or malformed."""
-    if obj is None:
-        return None
-    raw = obj.get(part)
-    if not isinstance(raw, Mapping):
-        return None
-    try:
-        # Only the fields this rule reads; others (written by newer operators) pass.
-        known = {k: v for k, v in raw.items() if k in _aliases(model)}
-        return model.model_validate(known)
-    except ValidationError:
-        return None
-
-
-def _aliases(model: type[_Model]) -> set[str]:
-    return {f.alias or name for name, f in model.model_fields.items()}
+def _count(obj: Mapping[str, Any], part: str, key: str) -> int | None:
+    """`obj[part][key]` when it is a count the CRD accepts; None when absent or malformed
+    (the rule reads nothing else, so fields written by newer operators do not matter)."""
+    section = obj.get(part)
+    value = section.get(key) if isinstance(section, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_REPLICAS:
+        return value
+    return None
 
 
 def resolve(spec_replicas: int, scale: Mapping[str, Any] | None) -> Resolution:
@@ -246,14 +237,13 @@ def resolve(spec_replicas: int, scale: Mapping[str, Any] | None) -> Resolution:
             scale_spec_patch=None,
             status=_record(spec_replicas, SOURCE_DEPLOYMENT),
         )
-    spec: PDRoleScaleSpec | None = _field(scale, "spec", PDRoleScaleSpec)
-    status: PDRoleScaleStatus | None = _field(scale, "status", PDRoleScaleStatus)
-    recorded = status.spec_replicas if status is not None else None
-    if spec is None or recorded is None or recorded != spec_replicas:
+    wanted = _count(scale, "spec", "replicas")
+    recorded = _count(scale, "status", "specReplicas")
+    if wanted is None or recorded is None or recorded != spec_replicas:
         # Rule 2: a person's edit since the last round (or nothing trustworthy recorded,
         # e.g. a crash between create and the first status write): the person wins.
         patch = None
-        if spec is None or spec.replicas != spec_replicas:
+        if wanted != spec_replicas:
             patch = {"spec": {"replicas": spec_replicas}}
         return Resolution(
             replicas=spec_replicas,
@@ -263,9 +253,9 @@ def resolve(spec_replicas: int, scale: Mapping[str, Any] | None) -> Resolution:
             status=_record(spec_replicas, SOURCE_DEPLOYMENT),
         )
     # Rule 3: the PDDeployment is as last seen; the scale object's count is served.
-    source = SOURCE_DEPLOYMENT if spec.replicas == spec_replicas else SOURCE_SCALE
+    source = SOURCE_DEPLOYMENT if wanted == spec_replicas else SOURCE_SCALE
     return Resolution(
-        replicas=spec.replicas,
+        replicas=wanted,
         source=source,
         create=False,
         scale_spec_patch=None,

@@ -146,7 +146,7 @@ def test_rule_2_nothing_recorded_the_deployment_wins() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", [None, {}, {"replicas": "three"}, {"replicas": -1}, "not a mapping"]
+    "spec", [None, {}, {"replicas": "three"}, {"replicas": -1}, {"replicas": 1.0}, "not a mapping"]
 )
 def test_rule_2_a_malformed_scale_spec_is_rewritten(spec: Any) -> None:
     obj = scale_object(1, recorded=2)
@@ -180,9 +180,24 @@ def test_rule_3_equal_values_are_the_deployments() -> None:
     assert (r.replicas, r.source, r.scale_spec_patch) == (2, "PDDeployment", None)
 
 
-def test_status_fields_of_newer_operators_do_not_hide_the_record() -> None:
-    r = rs.resolve(2, scale_object(7, recorded=2, conditions=[{"type": "X"}]))
+@pytest.mark.parametrize(
+    "extra", [{"conditions": [{"type": "X"}]}, {"source": "SomethingNewer"}, {"replicas": "?"}]
+)
+def test_other_status_fields_do_not_hide_the_record(extra: dict[str, Any]) -> None:
+    r = rs.resolve(2, scale_object(7, recorded=2, **extra))
     assert (r.replicas, r.source) == (7, "Scale")
+
+
+@pytest.mark.parametrize("recorded", ["2", True, -1, rs.MAX_REPLICAS + 1])
+def test_a_malformed_record_counts_as_none(recorded: Any) -> None:
+    obj = scale_object(7, recorded=None)
+    obj["status"]["specReplicas"] = recorded
+    r = rs.resolve(2, obj)
+    assert (r.replicas, r.source, r.scale_spec_patch) == (
+        2,
+        "PDDeployment",
+        {"spec": {"replicas": 2}},
+    )
 
 
 def test_status_patch_adds_the_observations() -> None:
