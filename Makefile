@@ -53,7 +53,9 @@ test-realsglang: venv
 test-e2e: venv tools controlplane
 	$(PYTEST) -m e2e tests
 
-# Regenerate the CRD from the pydantic models.
+# Regenerate the CRDs from the pydantic models (the PDDeployment and the per-role scale
+# target PDRoleScale) and copy them into the chart.
 crd: venv
 	$(BIN)/lockstep crd > crds/pddeployments.lockstep.dev.yaml
+	$(BIN)/lockstep crd --kind PDRoleScale > crds/pdrolescales.lockstep.dev.yaml
 	bash .ci/sync-chart-crd

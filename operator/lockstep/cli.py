@@ -2,7 +2,7 @@
 
     lockstep check -f FILE [-o json] [--mode MODE]   validate a PDDeployment, run the policy
     lockstep render -f FILE [--mode MODE]            the manifests, for `kubectl apply -f -`
-    lockstep crd                                     the CRD YAML
+    lockstep crd [--kind PDDeployment|PDRoleScale]   a CRD's YAML (default PDDeployment)
 
 Exit codes: 0 accepted, 1 rejected (invalid spec or refused by the flag policy),
 2 unreadable input (no such file, not YAML, not one mapping).
@@ -21,7 +21,7 @@ import yaml
 
 from lockstep import constants as c
 from lockstep.builders import build_all
-from lockstep.crd import crd_yaml
+from lockstep.crd import CRD_YAML_BY_KIND
 from lockstep.models import InvalidPDDeployment, PDDeployment, parse_pddeployment
 from lockstep.policy import PolicyResult, evaluate
 
@@ -114,7 +114,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(CRD_YAML_BY_KIND[args.kind]())
     return EXIT_OK
 
 
@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--mode", choices=modes, help="override spec.safety.mode")
     render.set_defaults(func=cmd_render)
 
-    crd = sub.add_parser("crd", help="print the PDDeployment CRD")
+    crd = sub.add_parser("crd", help="print a CRD (the PDDeployment's unless --kind)")
+    crd.add_argument("--kind", choices=sorted(CRD_YAML_BY_KIND), default=c.KIND)
     crd.set_defaults(func=cmd_crd)
 
     try:

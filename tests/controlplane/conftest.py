@@ -30,6 +30,8 @@ from lockstep.localcluster import (
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 PDD_CRD = REPO / "crds" / "pddeployments.lockstep.dev.yaml"
+# Every CRD lockstep ships (the PDDeployment and the per-role PDRoleScale).
+CRDS = sorted((REPO / "crds").glob("*.yaml"))
 
 BUILD_TIMEOUT = 3600.0  # a cold build (module download + compile) on 2 cores: ~10 min
 START_TIMEOUT = 90.0  # start-to-ready is a few seconds; a loaded CI machine gets margin
@@ -80,11 +82,11 @@ def controlplane(
     controlplane_binary: Path,
     controlplane_extensions: list[ControlPlaneExtension],
 ) -> Iterator[LocalControlPlane]:
-    """The session's control plane, with the committed PDDeployment CRD installed before
+    """The session's control plane, with every committed CRD (crds/) installed before
     the controllers start and the API server's audit log on."""
     with LocalControlPlane(
         binary=controlplane_binary,
-        crds=[PDD_CRD],
+        crds=CRDS,
         audit_log=True,
         extensions=controlplane_extensions,
         ready_timeout=START_TIMEOUT,

@@ -69,9 +69,10 @@ def checkout() -> Path:
     return root
 
 
-def crd_path() -> Path:
-    """The committed CRD (the operator package is run from a checkout here)."""
-    return checkout() / "crds" / f"{c.CRD_NAME}.yaml"
+def crd_paths() -> list[Path]:
+    """Every committed CRD, the PDDeployment's and the per-role PDRoleScale's (the
+    operator package is run from a checkout here)."""
+    return sorted((checkout() / "crds").glob("*.yaml"))
 
 
 def chart_path() -> Path:
@@ -449,7 +450,7 @@ class DevCluster:
             self.cp = self._stack.enter_context(
                 LocalControlPlane(
                     workdir=self.workdir / "controlplane",
-                    crds=[crd_path()],
+                    crds=crd_paths(),
                     audit_log=self.audit_log,
                     route_services=True,  # the API server reaches the chart's webhook
                 )
