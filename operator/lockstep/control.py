@@ -41,6 +41,7 @@ from lockstep.builders import (
     build_evidence_configmap,
     build_group_pods,
     build_router,
+    role_selector,
     router_name,
     spec_hash,
 )
@@ -85,6 +86,13 @@ from lockstep.recovery import (
     plan_role,
     reconciler_may_create_pods,
     retired,
+)
+from lockstep.rolescale import (
+    Resolution,
+    build_role_scale,
+    resolve,
+    role_scale_name,
+    status_patch,
 )
 from lockstep.status import LastProbe, derive_status, invalid_status, status_changed
 from lockstep.verdicts import (
@@ -327,13 +335,14 @@ def run_round(
     events: EventSink,
     deployments: Sequence[dict[str, Any]] = (),
     nodes: Mapping[str, NodeState] | None = None,
+    scales: Sequence[dict[str, Any]] = (),
 ) -> RoundResult | None:
     """One control round for the PDDeployment `body` (see the module docstring).
 
     `pods`, `services` and `deployments` are the deployment's (every object labelled
     with it), as the watch-fed caches hold them; `nodes` the cluster's nodes as the node
-    watch last saw them (maintenance: cordons and taints). Rounds of one deployment never
-    overlap.
+    watch last saw them (maintenance: cordons and taints); `scales` its PDRoleScales (the
+    per-role scale targets, `lockstep.rolescale`). Rounds of one deployment never overlap.
     """
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
@@ -350,6 +359,7 @@ def run_round(
             list(deployments),
             events,
             nodes or {},
+            list(scales),
         )
 
 
@@ -391,6 +401,7 @@ def _run_round(
     deployments: list[dict[str, Any]],
     events: EventSink,
     nodes: Mapping[str, NodeState],
+    scales: list[dict[str, Any]],
 ) -> RoundResult:
     now = rt.clock()
     meta = body.get("metadata") or {}
@@ -435,7 +446,13 @@ def _run_round(
         pdd, policy, pods, services, current_epochs, set(), slots=current_slots
     ).stale_groups
     roles: tuple[Role, ...] = ("prefill", "decode")
-    wanted: dict[Role, int] = {role: pdd.spec.role(role).replicas for role in roles}
+    # How many groups each role runs: the PDDeployment's count or its scale target's
+    # (`rolescale.resolve`, THE RULE); the scale targets are created or corrected first.
+    resolutions = {
+        role: resolve(pdd.spec.role(role).replicas, _scale_of(scales, name, role)) for role in roles
+    }
+    _apply_scale_specs(rt, pdd, namespace, resolutions)
+    wanted: dict[Role, int] = {role: res.replicas for role, res in resolutions.items()}
     steps = step_bounds(pdd)
 
     deps = rt.deps
@@ -566,13 +583,80 @@ def _run_round(
         by_group,
         _last_probes(rt, namespace, name, new_records),
         now,
+        replicas={role: (wanted[role], res.source) for role, res in resolutions.items()},
     )
+    _apply_scale_status(rt, pdd, namespace, scales, resolutions, status)
+    for role in roles:
+        role_status = status.get(role) or {}
+        rt.metrics.desired_groups.labels(namespace, name, role).set(wanted[role])
+        rt.metrics.ready_groups.labels(namespace, name, role).set(
+            int(role_status.get("readyGroups", 0))
+        )
     writes += _patch_status(rt, mem, namespace, name, status, now)
     rt.metrics.incidents_open.labels(namespace, name).set(status["openIncidents"])
     rt.metrics.quarantined.labels(namespace, name).set(
         sum(r.step is Step.QUARANTINED for r in new_records.values())
     )
     return RoundResult(status, new_records, requeue, all_actions, writes)
+
+
+def _scale_of(scales: Sequence[Mapping[str, Any]], name: str, role: str) -> dict[str, Any] | None:
+    """The role's PDRoleScale as the watch holds it (None: not there yet)."""
+    want = role_scale_name(name, role)
+    found = next((s for s in scales if (s.get("metadata") or {}).get("name") == want), None)
+    return dict(found) if found is not None else None
+
+
+def _apply_scale_specs(
+    rt: Runtime, pdd: PDDeployment, namespace: str, resolutions: Mapping[Role, Resolution]
+) -> None:
+    """Create the missing scale targets; write a person's count into one (THE RULE's
+    step 2): before the status records it, so a crash in between repeats the same."""
+    for role, res in resolutions.items():
+        if res.create:
+            obj = build_role_scale(
+                pdd.metadata.name,
+                namespace,
+                pdd.metadata.uid,
+                role,
+                res.replicas,
+                role_selector(pdd, role),
+            )
+            rt.kube.create_role_scale(obj)
+        elif res.scale_spec_patch is not None:
+            rt.kube.patch_role_scale(
+                namespace,
+                role_scale_name(pdd.metadata.name, role),
+                res.scale_spec_patch,
+                status=False,
+            )
+
+
+def _apply_scale_status(
+    rt: Runtime,
+    pdd: PDDeployment,
+    namespace: str,
+    scales: Sequence[Mapping[str, Any]],
+    resolutions: Mapping[Role, Resolution],
+    status: Mapping[str, Any],
+) -> None:
+    """Each scale target's status: THE RULE's record, the groups the role has (retiring
+    ones not counted) and has ready, the serving pods' selector. Written only when it
+    differs from what the watch shows."""
+    for role, res in resolutions.items():
+        groups = (status.get(role) or {}).get("groups") or []
+        patch = status_patch(
+            res,
+            replicas=sum(1 for g in groups if g.get("state") != "Retiring"),
+            ready_groups=int((status.get(role) or {}).get("readyGroups", 0)),
+            selector=role_selector(pdd, role),
+        )
+        live = _scale_of(scales, pdd.metadata.name, role)
+        shown = (live or {}).get("status") or {}
+        if res.create or any(shown.get(k) != v for k, v in patch["status"].items()):
+            rt.kube.patch_role_scale(
+                namespace, role_scale_name(pdd.metadata.name, role), patch, status=True
+            )
 
 
 def _maintenance(

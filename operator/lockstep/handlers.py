@@ -1,7 +1,7 @@
 """Every kopf handler of the operator, and nothing else: each delegates at once.
 
 - startup: settings (peering, posting), the shared `Runtime`, the prober task;
-- indexes: the pods and Services of every PDDeployment (labelled with it), fed by kopf's
+- indexes: the pods, Services and PDRoleScales of every PDDeployment (labelled with it), fed by kopf's
   watches: the control rounds read these caches, never list;
 - the nodes (cordons and taints, `lockstep.maintenance.NodeState`): a node going into
   maintenance wakes every deployment with a pod on it, which moves its groups off;
@@ -35,6 +35,7 @@ from lockstep.maintenance import NodeState
 from lockstep.metrics import Metrics
 from lockstep.prober import ProbeBook, Prober, ProbeSample
 from lockstep.records import ANNOTATION_RESTART
+from lockstep.rolescale import PLURAL as ROLE_SCALES
 from lockstep.settings import MEMO_KEY, OperatorConfig
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,22 @@ def deployment_deployments(
     return {(namespace, labels[c.LABEL_DEPLOYMENT]): snapshot(body)}
 
 
+@kopf.index(c.GROUP, c.VERSION, ROLE_SCALES, labels=DEPLOYMENT_LABELS)
+def deployment_scales(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], dict[str, Any]]:
+    """Every PDRoleScale (the per-role scale targets) of a PDDeployment."""
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): snapshot(body)}
+
+
+@kopf.on.event(c.GROUP, c.VERSION, ROLE_SCALES, labels=DEPLOYMENT_LABELS)
+async def deployment_scaled(
+    namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    """A scale target changed (an autoscaler or `kubectl scale`): reconcile."""
+    memo["wakers"].wake(namespace, labels[c.LABEL_DEPLOYMENT])
+
+
 @kopf.on.event("apps", "v1", "deployments", labels=DEPLOYMENT_LABELS)
 async def deployment_router_changed(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
@@ -243,6 +260,7 @@ async def pddeployment_rounds(
         "deployment_deployments"
     ]
     nodes_index: kopf.Index[str, NodeState] = kwargs["node_states"]
+    scales_index: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs["deployment_scales"]
     rt: Runtime = memo["runtime"]
     resync = operator_config(memo).resync_seconds
     wake = memo["wakers"].event(namespace, name)
@@ -252,9 +270,10 @@ async def pddeployment_rounds(
         pods = list(deployment_pods.get((namespace, name), []))
         services = list(deployment_services.get((namespace, name), []))
         deployments = list(deployment_deployments.get((namespace, name), []))
+        scales = list(scales_index.get((namespace, name), []))
         result = await asyncio.to_thread(
             run_round, rt, copy.deepcopy(dict(body)), pods, services, _collect(events),
-            deployments, current_nodes(nodes_index),
+            deployments, current_nodes(nodes_index), scales,
         )  # fmt: skip
         for type_, reason, message in events:
             kopf.event(body, type=type_, reason=reason, message=message)

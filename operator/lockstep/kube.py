@@ -22,6 +22,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from lockstep import constants as c
+from lockstep.rolescale import PLURAL as ROLE_SCALES
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,32 @@ class Kube:
         self.core.patch_namespaced_pod_status(
             name, namespace, {"status": {"conditions": conditions}}
         )
+
+    def create_role_scale(self, obj: Obj) -> bool:
+        """Create a PDRoleScale; False when it already existed (409)."""
+        meta = obj["metadata"]
+        body = {k: v for k, v in obj.items() if k != "status"}
+        try:
+            self.custom.create_namespaced_custom_object(
+                c.GROUP, c.VERSION, meta["namespace"], ROLE_SCALES, body
+            )
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        log.info("created PDRoleScale %s/%s", meta["namespace"], meta["name"])
+        return True
+
+    def patch_role_scale(self, namespace: str, name: str, patch: Obj, *, status: bool) -> None:
+        """Merge-patch a PDRoleScale's spec (the person's count) or its status."""
+        if status:
+            self.custom.patch_namespaced_custom_object_status(
+                c.GROUP, c.VERSION, namespace, ROLE_SCALES, name, patch
+            )
+        else:
+            self.custom.patch_namespaced_custom_object(
+                c.GROUP, c.VERSION, namespace, ROLE_SCALES, name, patch
+            )
 
     def patch_pddeployment_status(self, namespace: str, name: str, status: Obj) -> None:
         """Merge-patch the status subresource of a PDDeployment."""

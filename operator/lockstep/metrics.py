@@ -61,6 +61,18 @@ class Metrics:
             buckets=_SECONDS,
             registry=self.registry,
         )
+        self.desired_groups = Gauge(
+            "lockstep_role_desired_groups",
+            "Groups a role should run (the PDDeployment's or its PDRoleScale's count).",
+            ["namespace", "deployment", "role"],
+            registry=self.registry,
+        )
+        self.ready_groups = Gauge(
+            "lockstep_role_ready_groups",
+            "Groups of a role that are Healthy and admitted to the routers.",
+            ["namespace", "deployment", "role"],
+            registry=self.registry,
+        )
         self.quarantined = Gauge(
             "lockstep_groups_quarantined",
             "Groups quarantined after exhausting their restart budget.",

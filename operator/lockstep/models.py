@@ -637,6 +637,17 @@ class RoleStatus(_Model):
     """One role's groups."""
 
     replicas: int = Field(0, ge=0, description="Desired groups.")
+    replicas_source: Literal["PDDeployment", "Scale"] | None = Field(
+        None,
+        description=(
+            "Whose count `replicas` is: the PDDeployment's spec, or the role's PDRoleScale "
+            "(an autoscaler or kubectl scale). A person's edit of the spec wins once; the "
+            "scale target decides from there (docs/autoscaling.md)."
+        ),
+    )
+    scale_target: str | None = Field(
+        None, description="The role's PDRoleScale (kubectl scale pdrs/<name> --replicas=N)."
+    )
     ready_groups: int = Field(0, ge=0, description="Groups that are Healthy and admitted.")
     groups: list[GroupStatus] = Field(default_factory=list, description="Every group.")
     effective_args: list[str] = Field(

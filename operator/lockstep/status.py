@@ -32,6 +32,7 @@ from lockstep.models import (
 )
 from lockstep.policy import PolicyResult
 from lockstep.recovery import GroupRecord, Step, status_state
+from lockstep.rolescale import role_scale_name
 from lockstep.verdicts import pod_view_from_k8s
 
 GroupId = tuple[str, int]  # role, group
@@ -122,8 +123,11 @@ def derive_status(
     pods: Mapping[GroupId, Sequence[Mapping[str, Any]]],
     probes: Mapping[GroupId, LastProbe],
     now: float,
+    replicas: Mapping[str, tuple[int, str]] | None = None,
 ) -> dict[str, Any]:
-    """The whole status of an accepted PDDeployment (see the module docstring)."""
+    """The whole status of an accepted PDDeployment (see the module docstring).
+    `replicas`: per role, the groups it should run and whose count that is (the
+    PDDeployment's or its PDRoleScale's); default: the spec's."""
     gen = pdd.metadata.generation
     roles: dict[str, RoleStatus] = {}
     for role in c.ROLES:
@@ -162,9 +166,11 @@ def derive_status(
                     message=rec.unschedulable or rec.maintenance or rec.last_reason,
                 )
             )
-        replicas = 0 if pdd.spec.paused else pdd.spec.role(role).replicas
+        wanted, source = (replicas or {}).get(role, (pdd.spec.role(role).replicas, "PDDeployment"))
         roles[role] = RoleStatus(
-            replicas=replicas,
+            replicas=0 if pdd.spec.paused else wanted,
+            replicas_source=source,
+            scale_target=role_scale_name(pdd.metadata.name, role),
             ready_groups=sum(g.state == "Healthy" for g in groups),
             groups=groups,
             effective_args=list(policy.roles[role].argv),

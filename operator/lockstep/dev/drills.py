@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,7 +57,7 @@ from lockstep.localcluster import sglang_cpu
 from lockstep.localcluster.controlplane import repo_root
 from lockstep.localcluster.engines import ENGINES, EngineName
 from lockstep.localcluster.kubelet import RACK_LABEL
-from lockstep.localcluster.maintenance import start_drain
+from lockstep.localcluster.maintenance import kubectl_argv, start_drain
 from lockstep.records import ANNOTATION_RESTART
 from lockstep.router_workers import serving_workers
 
@@ -75,6 +76,7 @@ SCENARIOS = (
     "baseline",
     "node-drain",
     "unplaceable",
+    "scale",
 )
 # Scenarios that need more nodes than the default cluster's, in labelled pools.
 NODE_SCENARIOS = ("node-drain", "unplaceable")
@@ -196,6 +198,8 @@ class DrillResult:
     router_stale_workers: list[str] = field(default_factory=list)  # URLs of no live pod
     # The maintenance drills (node-drain, unplaceable): their figures (see the scenario).
     maintenance: dict[str, Any] = field(default_factory=dict)
+    # The scale drill: one entry per `kubectl scale` of a role's PDRoleScale.
+    scaling: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -248,8 +252,8 @@ class Drill:
         if scenario in NODE_SCENARIOS:
             options.setdefault("nodes", 6)
             options.setdefault("racks", 2)
-        if scenario == "node-drain":
-            router = True  # the issue's promise is about requests through the router
+        if scenario in ("node-drain", "scale"):
+            router = True  # the promises are about requests through the router
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"lockstep-drill-{scenario}-"))
         self.observer = observer
@@ -268,6 +272,8 @@ class Drill:
         # Whether decode/0 had a serving (Ready, not deleting) leader, sampled by poll()
         # in the node-drain drill.
         self.serving: list[tuple[float, bool]] = []
+        # The scale drill: when each group was first seen Retiring (by poll()).
+        self.retiring_since: dict[str, float] = {}
 
     # ----------------------------------------------------------------- helpers
 
@@ -354,6 +360,9 @@ class Drill:
         recs = self.records()
         if self.scenario == "node-drain" and self.result.injected_at is not None:
             self.serving.append((time.time(), self._serving(AFFECTED)))
+        for key, rec in recs.items():
+            if rec.get("step") == "Retiring":
+                self.retiring_since.setdefault(key, time.time())
         self.samples.append(
             (time.time(), {k: str(v.get("step", "Healthy")) for k, v in recs.items()})
         )
@@ -1288,6 +1297,109 @@ class Drill:
                 (self.result.maintenance["restarts"] == 1, "the withdrawals counted as restarts"),
             ]
         )
+
+    # ----------------------------------------------------------- scale drill
+
+    def _kubectl_scale(self, role: str, replicas: int) -> None:
+        assert self.cluster.cp is not None
+        argv = kubectl_argv(
+            self.cluster.cp.kubeconfig,
+            "-n",
+            NAMESPACE,
+            "scale",
+            f"pdrolescale/{NAME}-{role}",
+            f"--replicas={replicas}",
+        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl scale failed: {done.stderr.strip()}")
+        self.note(f"kubectl scale pdrolescale/{NAME}-{role} --replicas={replicas}")
+
+    def _has_healthy_groups(self, role: str, count: int) -> Callable[[], bool]:
+        def check() -> bool:
+            groups = self._groups(role)
+            return len(groups) == count and all(
+                g.get("state") == "Healthy" for g in groups.values()
+            )
+
+        return check
+
+    def _removed(self, role: str, count: int, gone: Sequence[str]) -> Callable[[], bool]:
+        def check() -> bool:
+            return len(self._groups(role)) == count and not any(self._group_pods(k) for k in gone)
+
+        return check
+
+    def _groups(self, role: str) -> dict[int, dict[str, Any]]:
+        return {int(g["index"]): g for g in (self.status().get(role) or {}).get("groups") or []}
+
+    def _scale(self) -> None:
+        """Scale decode 2 -> 3 -> 1 and prefill 1 -> 2 -> 1 through their PDRoleScales
+        (`kubectl scale`, as an autoscaler would), with traffic through the router: no
+        request fails; a new group gets requests only after its deep probe passed (its
+        readiness gate); a removed group gets none after it left the routers."""
+        assert self.traffic is not None
+        checks: list[tuple[bool, str]] = []
+        self.result.injected_at = self.first_injection = time.time()
+        for role, up, down in (("decode", 3, 1), ("prefill", 2, 1)):
+            before = len(self._groups(role))
+            started = time.time()
+            self._kubectl_scale(role, up)
+            new = [f"{role}/{g}" for g in range(before, up)]
+            self.wait(self._has_healthy_groups(role, up), 180, f"{role} up to {up}, Healthy")
+            up_s = time.time() - started
+            self.wait(self.router_routes_everywhere, 60, "the router routing to every group")
+            time.sleep(3)  # traffic reaches the new groups
+            arrivals = request_log_arrivals(self.workdir / "kubelet", NAMESPACE, NAME)
+            early = 0
+            for key in new:
+                admitted = self.readmission_time(key)
+                r, i = key.split("/")
+                mine = [a for a in arrivals if a.role == r and a.group == int(i)]
+                if admitted is None:
+                    checks.append((False, f"{key}: no admission time"))
+                    continue
+                # Whole seconds (the condition's time): a request in the same second counts.
+                early += sum(1 for a in mine if a.at < admitted)
+                checks.append((any(a.at >= admitted for a in mine), f"{key} got no requests"))
+            started = time.time()
+            self._kubectl_scale(role, down)
+            gone = [f"{role}/{g}" for g in range(down, up)]
+            self.wait(self._removed(role, down, gone), 180, f"{role} scaled down to {down}")
+            down_s = time.time() - started
+            time.sleep(2)
+            arrivals = request_log_arrivals(self.workdir / "kubelet", NAMESPACE, NAME)
+            late = 0
+            for key in gone:
+                since = self.retiring_since.get(key)
+                if since is None:
+                    checks.append((False, f"{key} was never seen Retiring"))
+                    continue
+                r, i = key.split("/")
+                # One second of slack: requests the router sent before the group left it.
+                late += sum(
+                    1 for a in arrivals if a.role == r and a.group == int(i) and a.at > since + 1
+                )
+            failed = [o for o in self.traffic.failures() if o.sent_at >= self.first_injection]
+            entry = {
+                "role": role,
+                "scaled": [before, up, down],
+                "scale_up_to_healthy_s": round(up_s, 2),
+                "scale_down_to_gone_s": round(down_s, 2),
+                "requests_to_new_groups_before_admission": early,
+                "requests_to_removed_groups_after_drain": late,
+                "requests_failed_so_far": len(failed),
+            }
+            self.result.scaling.append(entry)
+            self.note(f"scaling figures: {json.dumps(entry)}")
+            checks += [
+                (early == 0, f"{role}: {early} request(s) reached a new group before admission"),
+                (late == 0, f"{role}: {late} request(s) reached a removed group after its drain"),
+                (not failed, f"{len(failed)} request(s) failed"),
+            ]
+        sent = self.traffic.stats(self.first_injection).get(ROUTER)
+        self.result.maintenance = {"requests_sent": sent.sent if sent else 0}
+        self._conclude(checks)
 
     def _baseline(self) -> None:
         """Without lockstep's guard and recovery a desynced group stays wedged."""

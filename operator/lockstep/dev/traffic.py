@@ -206,7 +206,8 @@ def request_log_arrivals(kubelet_root: Path, namespace: str, deployment: str) ->
     prefix = f"{deployment}-"
     for name, uid, directory in _pod_dirs(kubelet_root, namespace):
         parts = name[len(prefix) :].rsplit("-", 2) if name.startswith(prefix) else []
-        if len(parts) != 3 or parts[0] not in c.ROLES:
+        # `<deployment>-<role>-<group>[b]-<rank>` (b: a group's second name slot).
+        if len(parts) != 3 or parts[0] not in c.ROLES or not parts[1].rstrip("b").isdigit():
             continue
         log = directory / "requests.jsonl"
         if not log.exists():
@@ -218,6 +219,7 @@ def request_log_arrivals(kubelet_root: Path, namespace: str, deployment: str) ->
                 continue  # a line cut short by a kill
             if event.get("event") == "received":
                 room = event.get("room")
-                out.append(Arrival(name, uid, parts[0], int(parts[1]), float(event["at"]), room))
+                group = int(parts[1].rstrip("b"))
+                out.append(Arrival(name, uid, parts[0], group, float(event["at"]), room))
     out.sort(key=lambda a: a.at)
     return out

@@ -1,0 +1,53 @@
+"""Node maintenance, placement and scaling on the local cluster (real control plane, the
+real kube-scheduler and eviction API, the process kubelet on labelled fake GPU nodes, the
+real operator installed by the chart, the real sglang-router in front, CPU stand-in
+ranks). One fresh cluster per drill; hard timeouts so a hang fails the test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lockstep.dev.drills import DrillResult, run_drill
+
+
+def drill(scenario: str, **kw: Any) -> DrillResult:
+    result = run_drill(scenario, **kw)
+    print(result.to_json())
+    assert result.passed, f"{scenario}: {result.reason}\n{result.to_json()}"
+    return result
+
+
+@pytest.mark.timeout(600)
+def test_kubectl_drain_of_a_decode_node_moves_the_group_make_before_break() -> None:
+    # The drain completes on its own (the group's disruption budget refuses evictions
+    # until the operator has moved it), the group lands whole in one rack elsewhere, it is
+    # never out of service and no request through the router fails or hangs.
+    r = drill("node-drain")
+    m = r.maintenance
+    assert m["drain_exit_code"] == 0 and m["node"] not in m["new_nodes"]
+    assert len(m["new_racks"]) == 1
+    assert m["out_of_service_s"] == 0 and m["requests_failed"] == 0
+    assert m["requests_hanging"] == 0 and m["requests_sent"] > 0
+    assert m["incident_verdict"] == "Maintenance" and m["restarts"] == [0, 0]
+    assert m["epoch"][1] == m["epoch"][0] + 1
+
+
+@pytest.mark.timeout(600)
+def test_an_epoch_the_scheduler_cannot_place_is_withdrawn_whole_and_retried() -> None:
+    r = drill("unplaceable")
+    m = r.maintenance
+    assert m["pods_left_when_withdrawn"] == 0 and m["unschedulable_events"] >= 1
+    assert m["schedulable_condition"]["status"] == "False"
+    assert m["restarts"] == 1 and r.other_groups_failed == 0
+
+
+@pytest.mark.timeout(900)
+def test_kubectl_scale_on_each_role_scales_with_no_request_lost() -> None:
+    r = drill("scale")
+    assert [s["scaled"] for s in r.scaling] == [[2, 3, 1], [1, 2, 1]]
+    for s in r.scaling:
+        assert s["requests_to_new_groups_before_admission"] == 0
+        assert s["requests_to_removed_groups_after_drain"] == 0
+        assert s["requests_failed_so_far"] == 0
