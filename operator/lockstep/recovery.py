@@ -1725,6 +1725,11 @@ class _Planner:
             self.actions.append(SetGate(_refs(admit), True))
             self.again_in(RECHECK_SECONDS)
             return
+        if not all(p.ready for p in new):
+            # Ready (its gate seen by the kubelet): what readiness-following routers and
+            # Services use. Only then may the old pods leave.
+            self.again_in(RECHECK_SECONDS)
+            return
         if self.rec.drained_at is None:
             leave = [p for p in old if not p.deleting and p.gate is not False]
             if leave:
