@@ -440,11 +440,6 @@ def _run_round(
     requeue: float | None = None
     # Spec changes roll group by group (one restart request at a time), judged against
     # each group's own epoch (the epoch is part of the pod template).
-    current_epochs: dict[GroupId, int] = {(str(r.role), r.index): r.epoch for r in records.values()}
-    current_slots: dict[GroupId, int] = {(str(r.role), r.index): r.slot for r in records.values()}
-    stale = plan_reconcile(
-        pdd, policy, pods, services, current_epochs, set(), slots=current_slots
-    ).stale_groups
     roles: tuple[Role, ...] = ("prefill", "decode")
     # How many groups each role runs: the PDDeployment's count or its scale target's
     # (`rolescale.resolve`, THE RULE); the scale targets are created or corrected first.
@@ -453,6 +448,18 @@ def _run_round(
     }
     _apply_scale_specs(rt, pdd, namespace, resolutions)
     wanted: dict[Role, int] = {role: res.replicas for role, res in resolutions.items()}
+    current_epochs: dict[GroupId, int] = {(str(r.role), r.index): r.epoch for r in records.values()}
+    current_slots: dict[GroupId, int] = {(str(r.role), r.index): r.slot for r in records.values()}
+    stale = plan_reconcile(
+        pdd,
+        policy,
+        pods,
+        services,
+        current_epochs,
+        set(),
+        slots=current_slots,
+        replicas={str(k): v for k, v in wanted.items()},
+    ).stale_groups
     steps = step_bounds(pdd)
 
     deps = rt.deps
@@ -549,6 +556,7 @@ def _run_round(
         exe.avoid_nodes,
         exe.slots,
         retiring,
+        {str(k): v for k, v in wanted.items()},
     )
     _apply_reconcile(rt, namespace, reconcile, events)
     _apply_pdbs(rt, mem, namespace, reconcile.pdbs)

@@ -77,6 +77,7 @@ def plan_reconcile(
     avoid_nodes: Mapping[GroupId, Sequence[str]] | None = None,
     slots: Mapping[GroupId, int] | None = None,
     retiring: Collection[GroupId] = (),
+    replicas: Mapping[str, int] | None = None,
 ) -> ReconcilePlan:
     """Plan the sync of pods, group Services and disruption budgets for one PDDeployment.
 
@@ -85,7 +86,8 @@ def plan_reconcile(
     slot (a make-before-break move's old pods) neither block creating the current epoch
     nor make the group stale: recovery deletes them when the move is done.
     `retiring`: groups beyond replicas that recovery drains before it deletes them (their
-    pods, Service and disruption budgets stay until then).
+    pods, Service and disruption budgets stay until then). `replicas`: the groups each
+    role runs (its PDRoleScale may override the spec's count; default: the spec's).
     """
     plan = ReconcilePlan()
     observed = pods_by_group(pods)
@@ -93,7 +95,8 @@ def plan_reconcile(
     desired_groups: set[GroupId] = set()
     for role_name in c.ROLES:
         role = pdd.spec.role(role_name)
-        for group in range(role.replicas if not pdd.spec.paused else 0):
+        count = (replicas or {}).get(role_name, role.replicas)
+        for group in range(count if not pdd.spec.paused else 0):
             gid = (role_name, group)
             desired_groups.add(gid)
             epoch = epochs.get(gid, 0)
