@@ -301,8 +301,8 @@ class Drill:
         for cond in st.get("conditions") or []:
             if cond.get("reason") == "InvalidSpec":
                 raise RuntimeError(f"the operator refused the drill spec: {cond.get('message')}")
-        spec = self.cluster.pdd(NAMESPACE, NAME)["spec"]
-        want_p, want_d = spec["prefill"]["replicas"], spec["decode"]["replicas"]
+        want_p = int((st.get("prefill") or {}).get("replicas", -1))
+        want_d = int((st.get("decode") or {}).get("replicas", -1))
         return bool(
             st.get("prefillReady") == f"{want_p}/{want_p}"
             and st.get("decodeReady") == f"{want_d}/{want_d}"
@@ -314,8 +314,9 @@ class Drill:
 
     def router_routes_everywhere(self) -> bool:
         """The router lists a healthy worker for every group (traffic may start)."""
-        spec = self.cluster.pdd(NAMESPACE, NAME)["spec"]
-        want = int(spec["prefill"]["replicas"]) + int(spec["decode"]["replicas"])
+        # The groups the operator runs (status: a PDRoleScale may override the spec).
+        st = self.status()
+        want = sum(int((st.get(role) or {}).get("replicas", 0)) for role in c.ROLES)
         url = router_endpoint(self.cluster.pods(NAMESPACE, self.selector)).get(ROUTER)
         if url is None:
             return False
