@@ -708,17 +708,22 @@ def _inflight(
 
 def _apply_pdbs(rt: Runtime, mem: Memory, namespace: str, pdbs: Sequence[dict[str, Any]]) -> None:
     """The groups' disruption budgets: created when new to this operator process (409:
-    already there), deleted when no longer wanted. Nothing is read: a budget is fixed by
-    its name (group and slot) and the group size."""
+    already there), deleted when no longer wanted, deleted and created again when the
+    group size changed. Nothing is read: a budget is fixed by its name (group and slot)
+    and the group size (a size changed while the operator was down keeps its old budget
+    until the group's next change)."""
     wanted = {f"{p['metadata']['name']}:{p['spec']['minAvailable']}": p for p in pdbs}
+    had = {k.split(":")[0] for k in mem.pdbs}
     for key, pdb in wanted.items():
-        if key not in mem.pdbs and not rt.kube.create(pdb):
-            rt.kube.patch(pdb)
-    names = {k.split(":")[0] for k in wanted}
-    for key in mem.pdbs - wanted.keys():
-        name = key.split(":")[0]
-        if name not in names:
+        if key in mem.pdbs:
+            continue
+        name = pdb["metadata"]["name"]
+        if name in had:  # its size changed: replace it
             rt.kube.delete("PodDisruptionBudget", namespace, name)
+        rt.kube.create(pdb)
+    names = {k.split(":")[0] for k in wanted}
+    for name in had - names:
+        rt.kube.delete("PodDisruptionBudget", namespace, name)
     mem.pdbs = frozenset(wanted)
 
 

@@ -557,9 +557,6 @@ def test_operator_pod_is_restricted_and_probed() -> None:
 # audit log of a drill (tests/e2e/test_least_privilege.py), one it holds to grant the
 # router's Role (pods get and watch), or one the API server checks on its behalf (update
 # of pddeployments/finalizers, tests/controlplane/test_least_privilege_options.py).
-# Exception, for now: the node-maintenance rules (pdrolescales and their status,
-# poddisruptionbudgets, nodes; issue 17) are granted ahead of the operator code that uses
-# them, and the least-privilege drill reports them unused until that code runs in it.
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("lockstep.dev", "pddeployments"): {"list", "watch", "patch"},
     ("lockstep.dev", "pddeployments/status"): {"patch"},
@@ -575,22 +572,14 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("rbac.authorization.k8s.io", "rolebindings"): {"create", "patch", "delete"},
     ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
     ("", "events"): {"create"},
-    ("lockstep.dev", "pdrolescales"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
-    ("lockstep.dev", "pdrolescales/status"): {"get", "patch", "update"},
-    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("lockstep.dev", "pdrolescales"): {"list", "watch", "create", "patch"},
+    ("lockstep.dev", "pdrolescales/status"): {"patch"},
+    ("policy", "poddisruptionbudgets"): {"create", "delete"},
 }
 # Cluster-scoped, so in the cluster-wide ClusterRole whatever namespaces are watched.
 CLUSTER_READ = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-    ("", "nodes"): {"get", "list", "watch"},
+    ("", "nodes"): {"list", "watch"},
 }
 PEERING = {"list", "watch", "patch"}  # kopf peering never gets the object
 CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings"): PEERING}

@@ -67,24 +67,24 @@
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Per-role scaling (PDRoleScale, lockstep.dev): one object per scaled role, read through
-# the operator's cache (list, watch; get on a conflict), created and patched to follow
-# its PDDeployment (update for a whole-object write under resourceVersion), deleted with
-# the role.
+# Per-role scale targets (PDRoleScale, lockstep.dev): one object per role, read through
+# the operator's watch (list, watch), created, and patched when a person's edit of the
+# PDDeployment's replicas wins (docs/autoscaling.md); garbage-collected with the
+# PDDeployment.
 - apiGroups: ["lockstep.dev"]
   resources: ["pdrolescales"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
-# Its status (the scale the role has reached) is the operator's to write; read back
-# before a write that must not lose another writer's fields.
+  verbs: ["list", "watch", "create", "patch"]
+# Its status (the rule's record, the groups the role has and has ready) is the operator's.
 - apiGroups: ["lockstep.dev"]
   resources: ["pdrolescales/status"]
-  verbs: ["get", "patch", "update"]
-# Node maintenance: a PodDisruptionBudget per serving group, so a `kubectl drain` (the
-# eviction API) never takes more of a group than the operator can replace; read through
-# the operator's cache, created, patched as the group's size changes, deleted with it.
+  verbs: ["patch"]
+# Node maintenance: a PodDisruptionBudget per group and name slot, so a `kubectl drain`
+# (the eviction API) never takes a pod of a serving group; the operator moves the group
+# itself. Created (a changed group size: deleted and created), deleted with the group;
+# never read.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "delete"]
 # An Event for every verdict and action (kopf.event posts a new core/v1 Event each time;
 # it neither patches Events nor uses events.k8s.io).
 - apiGroups: [""]
@@ -110,7 +110,7 @@
 # cluster-wide, so this is here even when the operator watches some namespaces; read-only.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 {{- if and .Values.ha.enabled (not (include "lockstep.watchNamespaces" . | fromJsonArray)) }}
 # HA, every namespace: kopf peering in one ClusterKopfPeering (list, watch, keep-alive
 # patches; no get).

@@ -252,6 +252,8 @@ class Drill:
         if scenario in NODE_SCENARIOS:
             options.setdefault("nodes", 6)
             options.setdefault("racks", 2)
+        if scenario == "unplaceable":
+            recovery_mode = "Recreate"  # the restart must place new pods
         if scenario in ("node-drain", "scale"):
             router = True  # the promises are about requests through the router
         self._own_dir = workdir is None
@@ -537,7 +539,6 @@ class Drill:
                         "schedulingTimeoutSeconds": 10,
                     }
                 },
-                "recovery": {"mode": "Recreate"},
             }
         if self.scenario == "baseline":
             # The alternative without lockstep: the runtime's decision consensus off (plain
