@@ -142,6 +142,10 @@ class FakePod:
                     self._send(200, {"ok": True, "groups": {"tp_cpu": {"latency_ms": 0.4}}})
                 elif port == HTTP_PORT and self.path == "/health":
                     self._send(200, {})
+                elif port == HTTP_PORT and self.path == "/lockstep/inflight":
+                    # As the runtime's counter (lockstep_sglang.inflight): a fake serves
+                    # no work requests, so none is ever in flight.
+                    self._send(200, {"inflight": 0})
                 elif port == AGENT_PORT and self.path == "/ranks":
                     # Guarded as the runtime's agent guards it (403 with no token set).
                     if pod.token is None:

@@ -225,17 +225,20 @@ class FakeKubelet:
 
 
 def install_crd(plane: Any) -> None:
-    """Install the committed CRD and wait until the API server serves it."""
+    """Install every committed CRD (the PDDeployment's and the PDRoleScale's, which the
+    operator watches and writes) and wait until the API server serves them."""
     api = plane.api_client()
-    crd = yaml.safe_load((REPO / "crds/pddeployments.lockstep.dev.yaml").read_text())
-    k8s.ApiextensionsV1Api(api).create_custom_resource_definition(crd)
+    ext = k8s.ApiextensionsV1Api(api)
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
     custom = k8s.CustomObjectsApi(api)
 
     def served() -> bool:
         try:
             custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            custom.list_cluster_custom_object(GROUP, VERSION, "pdrolescales")
         except ApiException:
             return False
         return True
 
-    wait_for(served, 60, "the PDDeployment CRD served")
+    wait_for(served, 60, "the CRDs served")

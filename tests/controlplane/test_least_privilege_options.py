@@ -240,7 +240,7 @@ def test_ha_replicas_need_no_more_than_the_chart_grants(tmp_path: Path) -> None:
     assert f"--peering={peering['metadata']['name']}" in args, args
     ports = ("--liveness-port", "--metrics-port")
     args = [a for a in args if a.split("=", 1)[0] not in ports] + [f"{p}=0" for p in ports]
-    crds = [REPO / "crds/pddeployments.lockstep.dev.yaml"]
+    crds = sorted((REPO / "crds").glob("*.yaml"))
     crds.append(REPO / "charts/lockstep/crds/kopfpeerings.kopf.dev.yaml")
     with LocalControlPlane(audit_log=True, crds=crds) as cp:
         cp.kubectl("create", "namespace", RELEASE_NAMESPACE)
@@ -295,9 +295,7 @@ def test_namespaced_operator_needs_no_more_than_its_namespaces_roles(tmp_path: P
     args = [a for a in args if a.split("=", 1)[0] not in ports] + [f"{p}=0" for p in ports]
     pdd = load_example("pd-small")
     pdd["metadata"]["namespace"] = "team-a"
-    with LocalControlPlane(
-        audit_log=True, crds=[REPO / "crds/pddeployments.lockstep.dev.yaml"]
-    ) as cp:
+    with LocalControlPlane(audit_log=True, crds=sorted((REPO / "crds").glob("*.yaml"))) as cp:
         for ns in (RELEASE_NAMESPACE, "team-a"):
             cp.kubectl("create", "namespace", ns)
         apply(cp, [o for o in objs if o["kind"] in RBAC_KINDS], "chart-rbac")
