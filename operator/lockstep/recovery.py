@@ -788,11 +788,12 @@ class _Planner:
     def current_pods(self) -> list[PodView]:
         return [p for p in self.inp.pods if p.epoch == self.rec.epoch]
 
-    def defer(self, key: str, message: str) -> None:
-        """A RestartDeferred event once per reason, not once per round."""
+    def defer(self, key: str, message: str, reason: Reason = Reason.DEFERRED) -> None:
+        """A RestartDeferred (or ScaleDownDeferred) event once per reason, not once per
+        round."""
         if self.rec.deferred != key:
             self.update(deferred=key)
-            self.event(Reason.DEFERRED, message)
+            self.event(reason, message)
 
     # -- the round
 
@@ -1494,7 +1495,11 @@ class _Planner:
         if self.rec.step is not Step.RETIRING:
             serving = any(p.gate is True and not p.deleting for p in self.pods())
             if serving and self.g.retire_blocked:
-                self.defer("retire", f"scale-down deferred: {self.g.retire_blocked}")
+                self.defer(
+                    "retire",
+                    f"scale-down deferred: {self.g.retire_blocked}",
+                    Reason.RETIRE_DEFERRED,
+                )
                 self.again_in(RECHECK_SECONDS * 5)
                 return
             self.event(Reason.RETIRING, "scale-down: leaving the routers, then removed")
