@@ -128,7 +128,6 @@ class Memory:
     status: dict[str, Any] | None = None
     status_at: float | None = None
     router: str | None = None  # the router objects' hash as last applied
-    pdbs: frozenset[str] = frozenset()  # the disruption budgets as last applied
 
 
 @dataclass
@@ -336,13 +335,15 @@ def run_round(
     deployments: Sequence[dict[str, Any]] = (),
     nodes: Mapping[str, NodeState] | None = None,
     scales: Sequence[dict[str, Any]] = (),
+    pdbs: Sequence[dict[str, Any]] = (),
 ) -> RoundResult | None:
     """One control round for the PDDeployment `body` (see the module docstring).
 
     `pods`, `services` and `deployments` are the deployment's (every object labelled
     with it), as the watch-fed caches hold them; `nodes` the cluster's nodes as the node
     watch last saw them (maintenance: cordons and taints); `scales` its PDRoleScales (the
-    per-role scale targets, `lockstep.rolescale`). Rounds of one deployment never overlap.
+    per-role scale targets, `lockstep.rolescale`); `pdbs` its PodDisruptionBudgets as the
+    watch last saw them. Rounds of one deployment never overlap.
     """
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
@@ -360,6 +361,7 @@ def run_round(
             events,
             nodes or {},
             list(scales),
+            list(pdbs),
         )
 
 
@@ -402,6 +404,7 @@ def _run_round(
     events: EventSink,
     nodes: Mapping[str, NodeState],
     scales: list[dict[str, Any]],
+    pdbs: list[dict[str, Any]],
 ) -> RoundResult:
     now = rt.clock()
     meta = body.get("metadata") or {}
@@ -559,7 +562,7 @@ def _run_round(
         {str(k): v for k, v in wanted.items()},
     )
     _apply_reconcile(rt, namespace, reconcile, events)
-    _apply_pdbs(rt, mem, namespace, reconcile.pdbs)
+    _apply_pdbs(rt, namespace, reconcile.pdbs, pdbs)
     _apply_router(rt, pdd, namespace, mem, services, deployments)
 
     # Persist: the records, the history, the evidence (the planner's memory).
@@ -706,25 +709,32 @@ def _inflight(
     return out
 
 
-def _apply_pdbs(rt: Runtime, mem: Memory, namespace: str, pdbs: Sequence[dict[str, Any]]) -> None:
-    """The groups' disruption budgets: created when new to this operator process (409:
-    already there), deleted when no longer wanted, deleted and created again when the
-    group size changed. Nothing is read: a budget is fixed by its name (group and slot)
-    and the group size (a size changed while the operator was down keeps its old budget
-    until the group's next change)."""
-    wanted = {f"{p['metadata']['name']}:{p['spec']['minAvailable']}": p for p in pdbs}
-    had = {k.split(":")[0] for k in mem.pdbs}
-    for key, pdb in wanted.items():
-        if key in mem.pdbs:
-            continue
+def _apply_pdbs(
+    rt: Runtime,
+    namespace: str,
+    wanted: Sequence[dict[str, Any]],
+    observed: Sequence[Mapping[str, Any]],
+) -> None:
+    """The groups' disruption budgets, level-triggered against the watch: a missing one is
+    created (409: it was, the watch had not caught up), one whose size or selector differs
+    from the group's is patched (a person's edit, or a group size changed while the
+    operator was down), one no group wants is deleted. Each write is idempotent, so a
+    watch that lags a round only repeats a write."""
+    have = {
+        str((o.get("metadata") or {}).get("name")): o.get("spec") or {}
+        for o in observed
+        if not (o.get("metadata") or {}).get("deletionTimestamp")
+    }
+    for pdb in wanted:
         name = pdb["metadata"]["name"]
-        if name in had:  # its size changed: replace it
-            rt.kube.delete("PodDisruptionBudget", namespace, name)
-        rt.kube.create(pdb)
-    names = {k.split(":")[0] for k in wanted}
-    for name in had - names:
+        spec = have.get(name)
+        if spec is None:
+            rt.kube.create(pdb)
+        elif any(spec.get(k) != pdb["spec"][k] for k in ("minAvailable", "selector")):
+            rt.kube.patch(pdb)
+    names = {p["metadata"]["name"] for p in wanted}
+    for name in sorted(set(have) - names):
         rt.kube.delete("PodDisruptionBudget", namespace, name)
-    mem.pdbs = frozenset(wanted)
 
 
 def _captured(

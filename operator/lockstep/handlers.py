@@ -1,8 +1,9 @@
 """Every kopf handler of the operator, and nothing else: each delegates at once.
 
 - startup: settings (peering, posting), the shared `Runtime`, the prober task;
-- indexes: the pods, Services and PDRoleScales of every PDDeployment (labelled with it), fed by kopf's
-  watches: the control rounds read these caches, never list;
+- indexes: the pods, Services, PDRoleScales and PodDisruptionBudgets of every
+  PDDeployment (labelled with it), fed by kopf's watches: the control rounds read these
+  caches, never list;
 - the nodes (cordons and taints, `lockstep.maintenance.NodeState`): a node going into
   maintenance wakes every deployment with a pod on it, which moves its groups off;
 - one daemon per PDDeployment runs its control rounds (`lockstep.control.run_round`):
@@ -180,6 +181,25 @@ def deployment_scales(
     return {(namespace, labels[c.LABEL_DEPLOYMENT]): snapshot(body)}
 
 
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels=DEPLOYMENT_LABELS)
+def deployment_pdbs(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[tuple[str | None, str], dict[str, Any]]:
+    """Every PodDisruptionBudget of a PDDeployment (one per group and name slot)."""
+    return {(namespace, labels[c.LABEL_DEPLOYMENT]): snapshot(body)}
+
+
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=DEPLOYMENT_LABELS)
+async def deployment_pdb_changed(
+    type: str | None, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    """A group's disruption budget was deleted: the next round puts it back. Its status
+    changes with every pod that becomes ready and needs no round; an edited spec is put
+    back by the next periodic round."""
+    if type == "DELETED":
+        memo["wakers"].wake(namespace, labels[c.LABEL_DEPLOYMENT])
+
+
 @kopf.on.event(c.GROUP, c.VERSION, ROLE_SCALES, labels=DEPLOYMENT_LABELS)
 async def deployment_scaled(
     namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
@@ -261,6 +281,7 @@ async def pddeployment_rounds(
     ]
     nodes_index: kopf.Index[str, NodeState] = kwargs["node_states"]
     scales_index: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs["deployment_scales"]
+    pdbs_index: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs["deployment_pdbs"]
     rt: Runtime = memo["runtime"]
     resync = operator_config(memo).resync_seconds
     wake = memo["wakers"].event(namespace, name)
@@ -271,9 +292,10 @@ async def pddeployment_rounds(
         services = list(deployment_services.get((namespace, name), []))
         deployments = list(deployment_deployments.get((namespace, name), []))
         scales = list(scales_index.get((namespace, name), []))
+        pdbs = list(pdbs_index.get((namespace, name), []))
         result = await asyncio.to_thread(
             run_round, rt, copy.deepcopy(dict(body)), pods, services, _collect(events),
-            deployments, current_nodes(nodes_index), scales,
+            deployments, current_nodes(nodes_index), scales, pdbs,
         )  # fmt: skip
         for type_, reason, message in events:
             kopf.event(body, type=type_, reason=reason, message=message)

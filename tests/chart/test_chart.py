@@ -574,7 +574,7 @@ NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
     ("", "events"): {"create"},
     ("lockstep.dev", "pdrolescales"): {"list", "watch", "create", "patch"},
     ("lockstep.dev", "pdrolescales/status"): {"patch"},
-    ("policy", "poddisruptionbudgets"): {"create", "delete"},
+    ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
 }
 # Cluster-scoped, so in the cluster-wide ClusterRole whatever namespaces are watched.
 CLUSTER_READ = {

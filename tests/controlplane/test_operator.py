@@ -8,6 +8,7 @@ conditions, Events, incidents.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -469,3 +470,42 @@ def test_the_router_objects_follow_spec_router_and_drift_is_undone(env: Env) -> 
         GROUP, VERSION, env.ns, PLURAL, NAME, {"spec": {"router": {"enabled": True}}}
     )
     wait_for(lambda: len(router_objects()) == 5, 30, "every router object back")
+
+
+@pytest.mark.timeout(180)
+def test_the_groups_disruption_budgets_are_put_back_and_kept_as_built(env: Env) -> None:
+    """One PodDisruptionBudget per group (every pod must stay): deleted by hand, it comes
+    back; its minAvailable edited by hand, it is patched back; once settled, the rounds
+    write nothing more to it (the watch's copy equals what the operator builds)."""
+    apply_small(env)
+    wait_for(lambda: healthy(env), 60, "both groups healthy")
+    policy = k8s.PolicyV1Api(env.api)
+    name = f"{NAME}-decode-0"
+
+    def min_available() -> int | None:
+        try:
+            pdb = policy.read_namespaced_pod_disruption_budget(name, env.ns)
+        except k8s.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+            return None
+        value: int = pdb.spec.min_available
+        return value
+
+    wait_for(lambda: min_available() == 2, 30, "the decode group's budget (both pods)")
+    uid = policy.read_namespaced_pod_disruption_budget(name, env.ns).metadata.uid
+    policy.delete_namespaced_pod_disruption_budget(name, env.ns)
+    wait_for(lambda: min_available() == 2, 30, "the deleted budget back")
+    assert policy.read_namespaced_pod_disruption_budget(name, env.ns).metadata.uid != uid
+    policy.patch_namespaced_pod_disruption_budget(name, env.ns, {"spec": {"minAvailable": 1}})
+    wait_for(lambda: min_available() == 2, 30, "the edited budget patched back")
+    # Settled: no write loop (a patch every round would show in the log).
+    log = env.operator.log_path
+    patched = log.read_text().count(f"patched PodDisruptionBudget {env.ns}/{name}")
+    assert 1 <= patched <= 2
+    generation = policy.read_namespaced_pod_disruption_budget(name, env.ns).metadata.generation
+    time.sleep(12)  # more than one periodic round (--resync-seconds 10)
+    assert policy.read_namespaced_pod_disruption_budget(name, env.ns).metadata.generation == (
+        generation
+    )
+    assert log.read_text().count(f"patched PodDisruptionBudget {env.ns}/{name}") == patched

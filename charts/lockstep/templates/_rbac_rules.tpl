@@ -80,11 +80,11 @@
   verbs: ["patch"]
 # Node maintenance: a PodDisruptionBudget per group and name slot, so a `kubectl drain`
 # (the eviction API) never takes a pod of a serving group; the operator moves the group
-# itself. Created (a changed group size: deleted and created), deleted with the group;
-# never read.
+# itself. Watched (a deleted or edited budget is put back), created, patched (a changed
+# group size), deleted with the group.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # An Event for every verdict and action (kopf.event posts a new core/v1 Event each time;
 # it neither patches Events nor uses events.k8s.io).
 - apiGroups: [""]
