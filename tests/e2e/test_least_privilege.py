@@ -12,7 +12,8 @@ The drill must pass, and the audit log of the run must show
   permissions the API server checks on the operator's behalf, never a request of its own.
 
 The desync drill alone does not reach every production path, so after it passes the same
-cluster runs more: decode scaled down 2 -> 1 (pods and the group's Service deleted), the
+cluster runs more: decode scaled down 2 -> 1 (pods, the group's Service and its
+disruption budget deleted), a disruption budget edited by hand (patched back), the
 router switched on (its ServiceAccount, Role, RoleBinding, Deployment and Service
 created; 0 replicas, the router process is not what this checks), its policy changed
 (each of them patched) and the router switched off (each of them deleted). A rule added later
@@ -137,6 +138,21 @@ class LeastPrivilegeDrill(Drill):
             ),
             90,
             "decode group 1's pods and Service deleted",
+        )
+        self.note("decode group 0's disruption budget edited: the operator patches it back")
+        policy = k8s.PolicyV1Api(self.cluster.api)
+        pdb = f"{NAME}-decode-0"
+        want = spec["decode"].get("podsPerGroup", 1)
+        policy.patch_namespaced_pod_disruption_budget(
+            pdb, NAMESPACE, {"spec": {"minAvailable": want + 1}}
+        )
+        self.wait(
+            lambda: (
+                policy.read_namespaced_pod_disruption_budget(pdb, NAMESPACE).spec.min_available
+                == want
+            ),
+            60,
+            "decode group 0's budget patched back",
         )
         if not spec["router"]["enabled"]:
             self.note("router on (0 replicas): the operator creates the router's objects")
