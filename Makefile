@@ -34,9 +34,10 @@ lint: venv
 	$(BIN)/mypy operator/lockstep images/sglang/lockstep_sglang
 	$(BIN)/lint-imports --no-cache --no-logo
 
-# Every tier, in one pytest run; each tier also runs alone (make test-<tier>).
+# Every tier, in one pytest run; each tier also runs alone (make test-<tier>). The 25
+# slowest tests are listed at the end (CI time is budgeted: keep it under 60 minutes).
 test: venv tools controlplane lint
-	$(PYTEST) tests
+	$(PYTEST) --durations=25 tests
 
 test-unit: venv
 	$(PYTEST) -m unit tests
