@@ -1,11 +1,17 @@
-"""Fixtures for the controlplane tier: one real local control plane per test session.
+"""Fixtures for the controlplane tier: one real local control plane for this folder.
+
+The control plane is package-scoped (this folder is a package for that reason): it stops
+after the folder's last test, so it does not idle beside the later tiers. An idle one is
+not free: the namespace controller keeps retrying the deletion of the tests' namespaces,
+whose PDDeployments keep the operator's finalizer once their test's operator is gone
+(measured: about a third of a core, for as long as the pytest run lasts).
 
 The control plane (`lockstep.localcluster.LocalControlPlane`: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler) is built once and cached by
 `.ci/build-controlplane`. A cold build takes minutes, more than one test's timeout, so it
 runs after collection when any test of this folder was selected, before the first test.
 
-Hook for later tiers: override `controlplane_extensions` (session scope) to run something
+Hook for later tiers: override `controlplane_extensions` (package scope) to run something
 beside the control plane, e.g. a process kubelet that registers fake GPU nodes; each
 extension is entered once the control plane is ready and exited before it stops.
 """
@@ -71,18 +77,18 @@ def controlplane_binary() -> Path:
     return _binary[0]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def controlplane_extensions() -> list[ControlPlaneExtension]:
     """What runs beside the session's control plane; none here (see module doc)."""
     return []
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def controlplane(
     controlplane_binary: Path,
     controlplane_extensions: list[ControlPlaneExtension],
 ) -> Iterator[LocalControlPlane]:
-    """The session's control plane, with every committed CRD (crds/) installed before
+    """This folder's control plane, with every committed CRD (crds/) installed before
     the controllers start and the API server's audit log on."""
     with LocalControlPlane(
         binary=controlplane_binary,
