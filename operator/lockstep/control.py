@@ -128,6 +128,7 @@ class Memory:
     status: dict[str, Any] | None = None
     status_at: float | None = None
     router: str | None = None  # the router objects' hash as last applied
+    router_swept_at: float | None = None  # the last sweep of the routers' registries
 
 
 @dataclass
@@ -543,6 +544,11 @@ def _run_round(
             ):
                 exe.create_groups.add((role, g))
     _forget_restart_failures(rt, namespace, name, new_records)
+    if mem.router_swept_at is None or now - mem.router_swept_at >= ROUTER_SWEEP_SECONDS:
+        # The routers' registries, level-triggered (`router_workers`: the router's own
+        # races can put back a worker lockstep removed).
+        exe.sweep_routers()
+        mem.router_swept_at = now
     if exe.create_groups:
         # Pods read their restart token from the Secret: it exists before they do.
         agent_token(rt.deps, pdd, namespace, fresh=True)
@@ -830,6 +836,8 @@ def _apply_reconcile(rt: Runtime, namespace: str, plan: ReconcilePlan, events: E
 
 
 WATCHED_ROUTER_KINDS = ("Deployment", "Service")
+# How often, at most, a deployment's router registries are swept (one GET per replica).
+ROUTER_SWEEP_SECONDS = 5.0
 
 
 def _apply_router(

@@ -36,7 +36,13 @@ from lockstep.recovery import (
     RestartInPlace,
     SetGate,
 )
-from lockstep.router_workers import sync_router_workers
+from lockstep.router_workers import (
+    admitted_urls,
+    router_bases,
+    sweep_workers,
+    sync_router_workers,
+    user_urls,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +117,8 @@ class Execution:
     slots: dict[GroupId, int] = field(default_factory=dict)
     # What the captures of this round found, by incident id (for the evidence store).
     evidence: dict[str, EvidenceEntry] = field(default_factory=dict)
+    # Readiness gates set this round (pod name -> value): `pods` predates them.
+    gates: dict[str, bool] = field(default_factory=dict)
 
     def execute(self, role: str, group: int, actions: Sequence[Action]) -> None:
         """Carry out one group's actions, in order."""
@@ -216,6 +224,7 @@ class Execution:
         if not action.value:  # out of every router first: no request lands in between
             self._sync_routers(action, admit=False)
         for pod in action.pods:
+            self.gates[pod.name] = action.value
             try:
                 self.deps.kube.set_pod_condition(
                     self.namespace, pod.name, c.READINESS_GATE, action.value, reason, message
@@ -232,14 +241,39 @@ class Execution:
             return
         names = {p.name for p in action.pods}
         pods = [p for p in self.pods if p["metadata"]["name"] in names]
-        routers = [
+        verb = "admit" if admit else "drain"
+        routers = self._router_pods()
+        for problem in sync_router_workers(self.deps.agents.http, pods, routers, admit=admit):
+            log.warning("router %s of %s: %s", verb, sorted(names), problem)
+
+    def _router_pods(self) -> list[Mapping[str, Any]]:
+        return [
             p
             for p in self.pods
             if ((p.get("metadata") or {}).get("labels") or {}).get(c.LABEL_COMPONENT) == "router"
         ]
-        verb = "admit" if admit else "drain"
-        for problem in sync_router_workers(self.deps.agents.http, pods, routers, admit=admit):
-            log.warning("router %s of %s: %s", verb, sorted(names), problem)
+
+    def sweep_routers(self) -> list[tuple[str, str]]:
+        """Level-triggered: remove from every router replica the workers of no admitted
+        serving pod (a pod gone, being deleted or drained) that no user flag names; one
+        Event per removal. Returns what was removed, (replica, url) each."""
+        if not self.pdd.spec.router.enabled:
+            return []
+        bases = router_bases(self._router_pods())
+        if not bases:
+            return []
+        keep = admitted_urls(self.pods, self.gates) | user_urls(self.pdd.spec.router.args)
+        removed, problems = sweep_workers(self.deps.agents.http, bases, keep)
+        for base, url in removed:
+            self.events(
+                "Normal",
+                "RouterWorkerRemoved",
+                f"router {base} listed {url}, which is no admitted serving pod's "
+                "(gone, being deleted or drained): removed it",
+            )
+        for problem in problems:
+            log.warning("router sweep of %s: %s", self.pdd.metadata.name, problem)
+        return removed
 
     # -- evidence
 

@@ -19,6 +19,14 @@ replica's registry when it drains the group (`GET /workers`, `DELETE /workers/{i
 then waits until the replica no longer lists it) and adds it back when it re-admits the
 group (`POST /workers`, which is idempotent per URL).
 
+Those two calls are edge-triggered, and the router races with itself: a discovery
+registration still in flight (it contacts the worker for seconds first) can finish after
+lockstep removed the worker and put back a pod that has since died (seen once in the
+real-SGLang drill; docs/router.md has the timeline). So the operator also sweeps every
+replica's registry, level-triggered (`sweep_workers`, at most every few seconds per
+deployment): a worker at a URL that is no admitted serving pod's (gone, being deleted,
+or drained) and that no user flag names is removed.
+
 Pure functions build the worker identities and decide what to delete; `drain_workers`
 and `admit_workers` do the HTTP with a caller's `httpx.Client` and return the problems
 they met (an unreachable replica is reported, never raised: the restart must go on).
@@ -79,6 +87,51 @@ def serving_workers(pods: Iterable[Mapping[str, Any]]) -> list[RouterWorker]:
     return out
 
 
+def admitted_urls(
+    pods: Iterable[Mapping[str, Any]], gates: Mapping[str, bool] | None = None
+) -> set[str]:
+    """URLs of the serving pods the router may list: not being deleted, readiness gate
+    True. `gates`: gate values set since `pods` was read (pod name -> value), which win
+    over the pods' own conditions."""
+    gates = gates or {}
+    live = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        name = str(meta.get("name", ""))
+        if name in gates:
+            admitted = gates[name]
+        else:
+            conditions = (pod.get("status") or {}).get("conditions") or []
+            admitted = any(
+                cond.get("type") == c.READINESS_GATE and cond.get("status") == "True"
+                for cond in conditions
+            )
+        if admitted:
+            live.append(pod)
+    return {w.url for w in serving_workers(live)}
+
+
+def user_urls(args: Iterable[str]) -> set[str]:
+    """URLs named in the user's router flags (static workers the sweep leaves alone)."""
+    return {
+        a.split("=", 1)[-1].rstrip("/")
+        for a in args
+        if a.split("=", 1)[-1].startswith(("http://", "https://"))
+    }
+
+
+def stale_workers(listing: Mapping[str, Any], keep: Iterable[str]) -> list[tuple[str, str]]:
+    """(id, url) of the workers in a `GET /workers` answer whose URL is not in `keep`."""
+    wanted = {u.rstrip("/") for u in keep}
+    return [
+        (str(w["id"]), str(w.get("url", "")))
+        for w in listing.get("workers") or []
+        if str(w.get("url", "")).rstrip("/") not in wanted and w.get("id")
+    ]
+
+
 def router_bases(router_pods: Iterable[Mapping[str, Any]]) -> list[str]:
     """`http://IP:PORT` of every router replica that may be serving (has an address and
     is not being deleted); readiness does not matter, a replica may serve before it."""
@@ -108,6 +161,13 @@ def _listing(http: httpx.Client, base: str) -> dict[str, Any]:
     return body
 
 
+def _delete_worker(http: httpx.Client, base: str, worker_id: str) -> None:
+    """`DELETE /workers/{id}` (202: removal queued; 404: already gone)."""
+    response = http.delete(f"{base}{WORKERS_PATH}/{worker_id}", timeout=REQUEST_TIMEOUT_S)
+    if response.status_code not in (200, 202, 204, 404):
+        response.raise_for_status()
+
+
 def drain_workers(
     http: httpx.Client,
     bases: Sequence[str],
@@ -128,11 +188,7 @@ def drain_workers(
             deadline = clock() + wait_s
             ids = worker_ids(_listing(http, base), urls)
             for worker_id in ids:
-                response = http.delete(
-                    f"{base}{WORKERS_PATH}/{worker_id}", timeout=REQUEST_TIMEOUT_S
-                )
-                if response.status_code not in (200, 202, 204, 404):
-                    response.raise_for_status()
+                _delete_worker(http, base, worker_id)
             while ids:
                 ids = worker_ids(_listing(http, base), urls)
                 if ids and clock() > deadline:
@@ -143,6 +199,25 @@ def drain_workers(
         except (httpx.HTTPError, ValueError) as err:
             problems.append(f"router {base}: {type(err).__name__}: {err}")
     return problems
+
+
+def sweep_workers(
+    http: httpx.Client, bases: Sequence[str], keep: Iterable[str]
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """Remove from every router replica each worker whose URL is not in `keep`. Returns
+    (what was removed, (replica, url) each; the problems met). It does not wait for the
+    removals (a background job in the router): the next sweep checks again."""
+    keep = set(keep)
+    removed: list[tuple[str, str]] = []
+    problems: list[str] = []
+    for base in bases:
+        try:
+            for worker_id, url in stale_workers(_listing(http, base), keep):
+                _delete_worker(http, base, worker_id)
+                removed.append((base, url))
+        except (httpx.HTTPError, ValueError) as err:
+            problems.append(f"router {base}: {type(err).__name__}: {err}")
+    return removed, problems
 
 
 def admit_workers(

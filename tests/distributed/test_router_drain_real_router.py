@@ -3,7 +3,9 @@
 A real router (PD mode, the `sglang-router` wheel) in front of real stand-in pods (one
 prefill, two decode); `lockstep.router_workers` admits them, drains one decode pod and
 admits it back. What a user would notice is checked from the pods' own request logs:
-while drained, the pod receives nothing and every request still succeeds."""
+while drained, the pod receives nothing and every request still succeeds. The operator's
+level-triggered sweep (`Execution.sweep_routers`) runs against the same real router: a
+dead pod's worker, which the router itself keeps, is removed."""
 
 from __future__ import annotations
 
@@ -21,9 +23,13 @@ from typing import Any
 import httpx
 import pytest
 from dist_support import wait_until
+from factories import pdd_obj
 from test_standin import HTTP_PORT, Launcher, StandinPod, launcher
 
 from lockstep import constants as c
+from lockstep.agent_client import AgentClient
+from lockstep.executor import Deps, Execution
+from lockstep.models import parse_pddeployment
 from lockstep.router_workers import RouterWorker, admit_workers, drain_workers
 from lockstep_sglang.standin.protocol import expected_text
 
@@ -104,28 +110,31 @@ def worker(pod: StandinPod, kind: str) -> RouterWorker:
     )
 
 
-@pytest.mark.timeout(180)
-def test_a_drained_decode_pod_gets_no_request_until_it_is_admitted_again(
-    launcher: Launcher, router: str
-) -> None:
+def three_healthy(http: httpx.Client, router: str) -> bool:
+    listed = http.get(f"{router}/workers", timeout=2).json()["workers"]
+    return len(listed) == 3 and all(w["is_healthy"] for w in listed)
+
+
+def admitted_pd_pods(launcher: Launcher, router: str) -> tuple[StandinPod, list[StandinPod]]:
+    """One prefill and two decode stand-ins, serving, admitted to the router and listed
+    healthy there."""
     prefill = start_pod(launcher, "prefill", 0)
     decode = [start_pod(launcher, "decode", 1), start_pod(launcher, "decode", 2)]
     http = launcher.http
     for pod in (prefill, *decode):
         wait_until(lambda p=pod: serving(p), 60, f"{pod.ip} serving", step=0.2)
-    everyone = [
-        worker(prefill, "prefill"),
-        worker(decode[0], "decode"),
-        worker(decode[1], "decode"),
-    ]
-
+    everyone = [worker(prefill, "prefill"), *(worker(d, "decode") for d in decode)]
     assert admit_workers(http, [router], everyone) == []
+    wait_until(lambda: three_healthy(http, router), 30, "three healthy workers", step=0.2)
+    return prefill, decode
 
-    def healthy() -> bool:
-        listed = http.get(f"{router}/workers", timeout=2).json()["workers"]
-        return len(listed) == 3 and all(w["is_healthy"] for w in listed)
 
-    wait_until(healthy, 30, "three healthy workers in the router", step=0.2)
+@pytest.mark.timeout(180)
+def test_a_drained_decode_pod_gets_no_request_until_it_is_admitted_again(
+    launcher: Launcher, router: str
+) -> None:
+    _, decode = admitted_pd_pods(launcher, router)
+    http = launcher.http
     start = time.time()
     assert send(http, router, 10) == [200] * 10
     assert received_since(decode[0], start) > 0 and received_since(decode[1], start) > 0
@@ -139,10 +148,66 @@ def test_a_drained_decode_pod_gets_no_request_until_it_is_admitted_again(
     assert drain_workers(http, [router], [worker(decode[1], "decode")]) == []
 
     assert admit_workers(http, [router], [worker(decode[1], "decode")]) == []
-    wait_until(healthy, 30, "the decode pod back in the router", step=0.2)
+    wait_until(lambda: three_healthy(http, router), 30, "the decode pod back", step=0.2)
     back = time.time()
     assert send(http, router, 10) == [200] * 10
     assert received_since(decode[1], back) > 0
+
+
+def pod_object(name: str, ip: str, labels: dict[str, str], gate: bool | None) -> dict[str, Any]:
+    """A pod as the operator's cache holds it (only what the sweep reads)."""
+    conditions = [] if gate is None else [{"type": c.READINESS_GATE, "status": str(gate)}]
+    return {
+        "metadata": {"name": name, "labels": {c.LABEL_DEPLOYMENT: "m", **labels}},
+        "status": {"podIP": ip, "conditions": conditions},
+    }
+
+
+@pytest.mark.timeout(180)
+def test_the_operators_sweep_removes_a_dead_pods_worker_the_router_keeps(
+    launcher: Launcher, router: str
+) -> None:
+    prefill, decode = admitted_pd_pods(launcher, router)
+    http = launcher.http
+
+    def listed() -> set[str]:
+        return {str(w["url"]) for w in http.get(f"{router}/workers", timeout=2).json()["workers"]}
+
+    # decode[1]'s pod dies and is gone from the cluster; the router keeps its worker
+    # (it only marks it unhealthy) and keeps trying it.
+    os.killpg(decode[1].proc.pid, signal.SIGKILL)
+    decode[1].proc.wait(10)
+    time.sleep(2)
+    assert worker(decode[1], "decode").url in listed()
+
+    router_ip = router.removeprefix("http://").split(":")[0]
+    rank0 = {c.LABEL_RANK: "0"}
+    pods = [
+        pod_object("m-router-x", router_ip, {c.LABEL_COMPONENT: "router"}, None),
+        pod_object("m-prefill-0-0", prefill.ip, {c.LABEL_ROLE: "prefill", **rank0}, True),
+        # Re-admitted in this very round: the cache still shows the gate False.
+        pod_object("m-decode-0-0", decode[0].ip, {c.LABEL_ROLE: "decode", **rank0}, False),
+    ]
+    events: list[tuple[str, str, str]] = []
+    exe = Execution(
+        Deps(kube=None, agents=AgentClient(http), metrics=None),  # type: ignore[arg-type]
+        parse_pddeployment(pdd_obj()),
+        "ns",
+        lambda kind, reason, message: events.append((kind, reason, message)),
+        pods,
+        gates={"m-decode-0-0": True},
+    )
+    gone = worker(decode[1], "decode").url
+    assert exe.sweep_routers() == [(router, gone)]
+    assert [(k, r) for k, r, _ in events] == [("Normal", "RouterWorkerRemoved")]
+    assert gone in events[0][2]
+    wait_until(lambda: gone not in listed(), 10, "the dead worker gone from the router", step=0.2)
+    assert listed() == {worker(prefill, "prefill").url, worker(decode[0], "decode").url}
+    start = time.time()
+    assert send(http, router, 10) == [200] * 10
+    assert received_since(decode[0], start) == 10
+    # Swept again: nothing left to remove, nothing said.
+    assert exe.sweep_routers() == [] and len(events) == 1
 
 
 @pytest.mark.timeout(30)

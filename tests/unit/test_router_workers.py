@@ -7,9 +7,12 @@ from typing import Any
 from lockstep import constants as c
 from lockstep.router_workers import (
     RouterWorker,
+    admitted_urls,
     router_bases,
     router_pod_selector,
     serving_workers,
+    stale_workers,
+    user_urls,
     worker_ids,
 )
 
@@ -70,3 +73,40 @@ def test_worker_ids_match_urls_exactly() -> None:
     }
     assert worker_ids(listing, ["http://10.0.0.2:30000"]) == ["a", "c"]
     assert worker_ids({"workers": []}, ["http://10.0.0.2:30000"]) == []
+
+
+def gated(p: dict[str, Any], value: str) -> dict[str, Any]:
+    p["status"]["conditions"] = [{"type": c.READINESS_GATE, "status": value}]
+    return p
+
+
+def test_the_router_may_list_only_admitted_serving_pods() -> None:
+    admitted = gated(pod("decode", 0, "10.0.0.2"), "True")
+    drained = gated(pod("prefill", 0, "10.0.0.1"), "False")
+    deleting = gated(pod("decode", 0, "10.0.0.4", deletionTimestamp="2026-01-01T00:00:00Z"), "True")
+    follower = gated(pod("decode", 1, "10.0.0.3"), "True")
+    ungated = pod("decode", 0, "10.0.0.5")
+    ungated["metadata"]["name"] = "m-decode-1-0"
+    pods = [admitted, drained, deleting, follower, ungated]
+    assert admitted_urls(pods) == {f"http://10.0.0.2:{c.PORT_HTTP}"}
+    # A gate set this round wins over the cache's condition, both ways.
+    assert admitted_urls(pods, {"m-prefill-0-0": True, "m-decode-0-0": False}) == {
+        f"http://10.0.0.1:{c.PORT_HTTP}"
+    }
+
+
+def test_stale_workers_are_those_not_kept_and_user_flags_are_kept() -> None:
+    listing = {
+        "workers": [
+            {"id": "a", "url": "http://10.0.0.2:30000"},
+            {"id": "b", "url": "http://10.0.0.9:30000"},
+            {"id": "c", "url": "http://static.example:30000/"},
+            {"url": "http://10.0.0.8:30000"},  # no id: nothing to delete it by
+        ]
+    }
+    keep = {"http://10.0.0.2:30000"} | user_urls(
+        ["--decode", "http://static.example:30000/", "--policy", "random", "--x=https://y:1"]
+    )
+    assert user_urls(["--prefill=http://p:30000", "8998"]) == {"http://p:30000"}
+    assert "https://y:1" in keep
+    assert stale_workers(listing, keep) == [("b", "http://10.0.0.9:30000")]
