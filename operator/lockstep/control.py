@@ -566,6 +566,9 @@ def _run_round(
         exe.slots,
         retiring,
         {str(k): v for k, v in wanted.items()},
+        # A quarantined group serves nothing and waits for a person: it has no budget, so
+        # a drain takes its pods rather than wait (the quarantine and its evidence stay).
+        unguarded={(r.role, r.index) for r in new_records.values() if r.step is Step.QUARANTINED},
     )
     _apply_reconcile(rt, namespace, reconcile, events)
     _apply_pdbs(rt, namespace, reconcile.pdbs, pdbs)

@@ -78,6 +78,7 @@ def plan_reconcile(
     slots: Mapping[GroupId, int] | None = None,
     retiring: Collection[GroupId] = (),
     replicas: Mapping[str, int] | None = None,
+    unguarded: Collection[GroupId] = (),
 ) -> ReconcilePlan:
     """Plan the sync of pods, group Services and disruption budgets for one PDDeployment.
 
@@ -88,6 +89,11 @@ def plan_reconcile(
     `retiring`: groups beyond replicas that recovery drains before it deletes them (their
     pods, Service and disruption budgets stay until then). `replicas`: the groups each
     role runs (its PDRoleScale may override the spec's count; default: the spec's).
+    `unguarded`: groups with no disruption budget (quarantined: they serve nothing, so a
+    node drain must not wait for them). Deleting the budget, not lowering it, is what lets
+    the drain through: a budget of minAvailable 0 still refuses to evict a pod that is
+    not ready while every pod is (the API server's default unhealthy-pod policy wants a
+    desired count above 0), seen on the local cluster.
     """
     plan = ReconcilePlan()
     observed = pods_by_group(pods)
@@ -118,7 +124,8 @@ def plan_reconcile(
             )
             group_pods = observed.get(gid, [])
             in_use = {slot} | {pod_slot(p) for p in group_pods}
-            plan.pdbs.extend(build_group_pdb(pdd, role_name, group, s) for s in sorted(in_use))
+            if gid not in unguarded:
+                plan.pdbs.extend(build_group_pdb(pdd, role_name, group, s) for s in sorted(in_use))
             other = group_name(pdd, role_name, group, 1 - slot)
             if other in svc_by_name and (1 - slot) not in in_use:
                 plan.delete_services.append(other)  # the move that used it is done

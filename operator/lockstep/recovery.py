@@ -1156,7 +1156,8 @@ class _Planner:
             if used >= rs.budget.restarts:
                 why = (
                     f"{used} restarts within {rs.budget.window_seconds}s "
-                    f"(budget {rs.budget.restarts}); restart by hand to retry"
+                    f"(budget {rs.budget.restarts}); restart by hand to retry (until then a "
+                    "node drain may evict its pods)"
                 )
                 self._set_action(f"quarantined: {why}")
                 self.event(Reason.QUARANTINED, f"quarantined: {why}", warning=True)

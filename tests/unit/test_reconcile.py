@@ -171,3 +171,24 @@ def test_router_objects_follow_the_spec_drift_and_enabled() -> None:
     plan = plan_router([], live)
     assert plan.delete == [("Deployment", name), ("Service", name)]
     assert plan_router([], watched) == type(plan)()
+
+
+def test_every_group_keeps_all_its_pods_against_evictions_but_a_quarantined_one() -> None:
+    """A serving group's budget refuses any eviction (minAvailable = its pod count); a
+    quarantined group has none, so a node drain evicts its pods: it serves nothing and
+    waits for a person."""
+    pdd = deepseek()
+    pods, services = split(observed(pdd))
+
+    def budgets(unguarded: set[tuple[str, int]]) -> dict[str, int]:
+        plan = plan_reconcile(
+            pdd, evaluate(pdd.spec), pods, services, {}, set(), unguarded=unguarded
+        )
+        return {b["metadata"]["name"]: b["spec"]["minAvailable"] for b in plan.pdbs}
+
+    assert budgets(set()) == {
+        "deepseek-v3-prefill-0": 1,
+        "deepseek-v3-prefill-1": 1,
+        "deepseek-v3-decode-0": 2,
+    }
+    assert budgets({("decode", 0)}) == {"deepseek-v3-prefill-0": 1, "deepseek-v3-prefill-1": 1}

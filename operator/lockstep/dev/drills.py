@@ -930,9 +930,11 @@ class Drill:
                 "did not accept the restart" in str(inc.get("escalation")),
                 f"escalated because the agent did not answer ({inc.get('escalation')})",
             ),
-            (bool(new) and all(n == node for n in avoided) and len(avoided) == len(new),
-             f"the new pods avoid {node} (avoided: {avoided})"),
-        ]  # fmt: skip
+            (
+                bool(new) and all(n == node for n in avoided) and len(avoided) == len(new),
+                f"the new pods avoid {node} (avoided: {avoided})",
+            ),
+        ]
         if self.result.passed:
             self._conclude(more)
         else:
@@ -1037,10 +1039,81 @@ class Drill:
             (int(self.group(AFFECTED).get("restarts", 0)) == 2, "exactly the budget of restarts"),
             (conditions.get("Degraded", {}).get("status") == "True", "deployment Degraded"),
         ]
+        checks += self._evictions_in_quarantine()
         inc = self.incident(AFFECTED) or {}
         if inc:
             self._judge_incident(inc)
         self._conclude(checks)
+
+    def _evict(self, pod: Mapping[str, Any]) -> httpx.Response:
+        """One eviction through the API (what `kubectl drain` asks for each pod)."""
+        assert self.cluster.cp is not None
+        meta = pod["metadata"]
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": meta["name"], "namespace": NAMESPACE},
+        }
+        with self.cluster.cp.http_client() as http:
+            return http.post(
+                f"/api/v1/namespaces/{NAMESPACE}/pods/{meta['name']}/eviction", json=body
+            )
+
+    def _evictions_in_quarantine(self) -> list[tuple[bool, str]]:
+        """A node drain meets a quarantined group: it has no disruption budget any more, so
+        the eviction goes through (it serves nothing; a drain must not wait for a person),
+        while a serving group's budget still refuses one. The group stays quarantined,
+        not restarted."""
+        serving = self._group_pods("decode/1")[0]
+        refused = self._evict(serving)
+        self.note(
+            f"eviction of serving decode/1's {serving['metadata']['name']}: "
+            f"HTTP {refused.status_code}"
+        )
+        victim = next(
+            p for p in self._group_pods(AFFECTED) if p["metadata"]["labels"][c.LABEL_RANK] == "1"
+        )
+        victim_uid = victim["metadata"]["uid"]
+        # 429 until the operator has deleted the group's budget (kubectl drain would retry
+        # every 5 s).
+        answers: list[httpx.Response] = []
+
+        def evicted() -> bool:
+            answers.append(self._evict(victim))
+            return answers[-1].status_code in (200, 201)
+
+        try:
+            self.wait(evicted, 45, "the quarantined group's pod evicted")
+        except TimeoutError:
+            assert self.cluster.cp is not None
+            with self.cluster.cp.http_client() as http:
+                budget = http.get(
+                    f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/drill-decode-0"
+                ).json()
+            last = answers[-1]
+            return [
+                (
+                    False,
+                    f"quarantined decode/0's pod not evicted: HTTP {last.status_code} "
+                    f"{last.text[:300]}; its budget: {budget}",
+                )
+            ]
+        self.note(
+            f"eviction of quarantined decode/0's {victim['metadata']['name']}: "
+            f"HTTP {answers[-1].status_code} after {len(answers)} attempt(s)"
+        )
+        self.wait(
+            lambda: victim_uid not in {p["metadata"]["uid"] for p in self._group_pods(AFFECTED)},
+            60,
+            "the evicted pod gone",
+        )
+        time.sleep(5)  # a round or two: the operator must not restart the group
+        group = self.group(AFFECTED)
+        return [
+            (refused.status_code == 429, f"serving group's eviction: HTTP {refused.status_code}"),
+            (group.get("state") == "Quarantined", f"after the eviction: {group.get('state')}"),
+            (int(group.get("restarts", 0)) == 2, "the eviction counted as a restart"),
+        ]
 
     def _operator_crash(self) -> None:
         """SIGKILL the operator mid-recovery. Installed by the chart (the default), it is
