@@ -91,9 +91,9 @@ def plan_reconcile(
     role runs (its PDRoleScale may override the spec's count; default: the spec's).
     `unguarded`: groups with no disruption budget (quarantined: they serve nothing, so a
     node drain must not wait for them). Deleting the budget, not lowering it, is what lets
-    the drain through: a budget of minAvailable 0 still refuses to evict a pod that is
-    not ready while every pod is (the API server's default unhealthy-pod policy wants a
-    desired count above 0), seen on the local cluster.
+    the drain through: with minAvailable 0 the real API server still refused (429) to
+    evict a pod of a quarantined group none of whose pods was ready (its status:
+    currentHealthy 0, desiredHealthy 0, disruptionsAllowed 0).
     """
     plan = ReconcilePlan()
     observed = pods_by_group(pods)
