@@ -9,6 +9,11 @@ routes: `/generate`, `/v1/...`; GETs are health and info) from the moment it arr
 the moment its response body has been sent in full (a streamed response counts until its
 last chunk), and ``GET /lockstep/inflight`` answers ``{"inflight": n}``.
 
+Once the group is going down (:class:`lockstep_sglang.failover.Fence` closed: the operator
+ended its requests, or the runtime saw a consensus failure), the same middleware refuses
+every new work request with 503 and fails ``/health`` (and ``/health_generate``), so a
+router retry or health check never waits on it.
+
 A plain ASGI middleware rather than Starlette's `BaseHTTPMiddleware`: the latter ends when
 the response starts, so a streamed generation would stop counting at its first token.
 The same middleware runs in SGLang's own app (`server_hooks`) and in the stand-in.
@@ -16,8 +21,11 @@ The same middleware runs in SGLang's own app (`server_hooks`) and in the stand-i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from lockstep_sglang.failover import RETRYABLE_STATUS, Fence
 
 INFLIGHT_ROUTE = "/lockstep/inflight"
 
@@ -51,14 +59,52 @@ def counts(scope: Scope) -> bool:
     )
 
 
-class InflightMiddleware:
-    """Counts work requests in `counter` until their response is complete (or fails)."""
+HEALTH_PATHS = frozenset({"/health", "/health_generate"})
 
-    def __init__(self, app: ASGIApp, counter: InflightCounter = COUNTER) -> None:
+
+async def refuse(send: Send, reason: str) -> None:
+    """Answer 503 in SGLang's error shape (the router retries it elsewhere)."""
+    body = json.dumps(
+        {
+            "object": "error",
+            "message": f"the group is out of service: {reason}",
+            "type": "ServiceUnavailable",
+            "param": None,
+            "code": RETRYABLE_STATUS,
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": RETRYABLE_STATUS,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class InflightMiddleware:
+    """Counts work requests in `counter` until their response is complete (or fails);
+    refuses them (and health checks) once `fence` is closed."""
+
+    def __init__(
+        self, app: ASGIApp, counter: InflightCounter = COUNTER, fence: Fence | None = None
+    ) -> None:
         self.app = app
         self.counter = counter
+        self.fence = fence
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fence = self.fence
+        refused = scope.get("type") == "http" and (
+            counts(scope) or scope.get("path") in HEALTH_PATHS
+        )
+        if fence is not None and fence.reason is not None and refused:
+            await refuse(send, fence.reason)
+            return
         if not counts(scope):
             await self.app(scope, receive, send)
             return

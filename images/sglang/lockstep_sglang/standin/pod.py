@@ -53,6 +53,7 @@ logger = logging.getLogger("lockstep_sglang.standin.pod")
 RANKS_FILE = "ranks.json"
 EXIT_REFUSED = 2
 STOP_GRACE_S = 3.0
+END_REQUESTS_WAIT_S = 1.0  # bound on ending the held requests before the port closes
 
 
 class _Stop(Exception):
@@ -85,6 +86,7 @@ class Pod:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.http_thread: threading.Thread | None = None
         self.http_server: Any = None  # uvicorn.Server, once started
+        self.frontend: Any = None  # server.Frontend, once started
         self.restarting: RestartOrder | None = None
 
     # -- start ---------------------------------------------------------------------------
@@ -177,6 +179,7 @@ class Pod:
 
         frontend = Frontend(pipes[0], pipes[1], self.settings)
         frontend.start()
+        self.frontend = frontend
         config = uvicorn.Config(
             build_app(frontend),
             host=self.settings.pod_ip,
@@ -258,6 +261,8 @@ class Pod:
                     return self.end(1)
         except _Stop as sig:
             logger.info("%s: stopping the ranks", sig)
+            # Requests still held (a drain that ran out of time) end retryable, not cut.
+            self.end_requests(f"the server is stopping ({sig})")
             return self.end(0, grace_s=STOP_GRACE_S)
 
     def hold(self, rank: int, code: int) -> int:
@@ -266,7 +271,9 @@ class Pod:
         evidence for ``LOCKSTEP_EXIT_HOLD_S`` (the operator restarts the group in place
         within it: one container restart per group restart), then exit non-zero."""
         self.end(0)
-        # Like the real server's, the HTTP port closes with the ranks (clients fail fast).
+        # Nothing in flight waits for the operator: the group is down, every held request
+        # ends now with a retryable error; then, as the real server's, the port closes.
+        self.end_requests(f"the TP group went down (rank {rank} ended with status {code})")
         if self.http_server is not None:
             self.http_server.should_exit = True
 
@@ -290,6 +297,11 @@ class Pod:
         if self.restarting is not None:
             return RESTART_EXIT_CODE  # the agent thread is ending the process itself
         return exit_code_for(code)
+
+    def end_requests(self, reason: str) -> None:
+        """End every request the leader holds with 503 and let the answers leave."""
+        if self.frontend is not None:
+            self.frontend.end_all_threadsafe(reason, wait_s=END_REQUESTS_WAIT_S)
 
     def restart(self, order: RestartOrder) -> None:
         """The agent's restart action (its thread): kill every local rank, exit 75 now."""

@@ -63,11 +63,13 @@ class GenerateRequest:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    stream: bool = False  # rank 0 sends a :class:`TokenChunk` per token
 
 
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
-    """Rank 0's instruction to drop a request whose caller gave up."""
+    """An instruction to every rank to drop a request: its caller gave up (rank 0 makes
+    these past the deadline), or the server ended it (the HTTP side sends these)."""
 
     rid: str
 
@@ -83,6 +85,14 @@ class GenerateResult:
     first_iteration: int
     last_iteration: int
     finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    """Rank 0's streaming progress of a request: every token so far."""
+
+    rid: str
+    output_ids: list[int]
 
 
 @dataclass(frozen=True, slots=True)

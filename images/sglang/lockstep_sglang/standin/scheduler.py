@@ -54,6 +54,7 @@ from lockstep_sglang.standin.protocol import (
     GenerateRequest,
     GenerateResult,
     Ready,
+    TokenChunk,
     deadline_of,
     detokenize,
     prompt_tokens,
@@ -245,6 +246,8 @@ class Scheduler:
         for r in batch.reqs:
             if len(r.output_ids) < r.req.max_new_tokens:
                 r.output_ids.append(token_id(r.req.text, len(r.output_ids)))
+                if r.req.stream and len(r.output_ids) < r.req.max_new_tokens:
+                    self.reply(TokenChunk(r.rid, list(r.output_ids)))
             if len(r.output_ids) >= r.req.max_new_tokens:
                 self.running.pop(r.rid, None)
                 self.reply(

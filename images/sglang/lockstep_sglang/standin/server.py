@@ -9,15 +9,25 @@ on the ranks is bounded and ends in an error status.
 
 Routes (see the package docstring for bodies): ``GET /health``, ``GET /health_generate``,
 ``GET /get_model_info`` (and ``/model_info``), ``GET /get_server_info`` (and
-``/server_info``), ``GET /v1/models``, ``POST /generate``, ``POST /v1/completions``,
-``GET /lockstep/probe[?timeout=s]``.
+``/server_info``), ``GET /v1/models``, ``GET /v1/loads`` (SGLang's load figures: running
+and waiting requests, the "KV" they hold), ``POST /generate`` and ``POST /v1/completions``
+(both also as SSE streams, in SGLang's event shapes), ``GET /lockstep/probe[?timeout=s]``,
+and the runtime's failover routes (:mod:`lockstep_sglang.failover`: ``GET
+/lockstep/requests``, ``POST /lockstep/abort``, with the operator's token).
 
 PD (what sglang-router sends): a request that carries ``bootstrap_room`` is one half of a
-PD pair (:mod:`.kv`). A prefill pod runs it for one token and publishes the KV hand-off
-for the room on its bootstrap server (started with the frontend); a decode pod first
-fetches the hand-off from ``bootstrap_host:bootstrap_port`` (bounded by the request's
-timeout; 502 when it does not come) and then generates. Requests without a room run
-alone, as on a non-PD server.
+PD pair (:mod:`.kv`). A prefill pod runs it for one token, publishes the KV hand-off for
+the room on its bootstrap server (started with the frontend) and, as SGLang's prefill,
+answers only once the decode took it (500 after ``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``
+otherwise); a decode pod first waits for the hand-off from
+``bootstrap_host:bootstrap_port`` (500 after ``SGLANG_DISAGGREGATION_WAITING_TIMEOUT``, or
+once the prefill's bootstrap server failed its heartbeats) and then generates. Requests
+without a room run alone, as on a non-PD server.
+
+Requests caught by an incident end the way the real runtime ends them: a request the
+server ends (the operator's ``POST /lockstep/abort``, or rank 0's pipe closing because the
+group went down) is answered at once with 503 — a stream with SGLang's abort as its last
+event — and dropped on every rank; once fenced, new work and ``/health`` get 503.
 
 Request log: every generation request is appended, when it arrives and when it is
 answered, to ``<pod dir>/requests.jsonl`` (``{"event": "received"|"answered"|"failed",
@@ -35,17 +45,25 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lockstep_sglang import __version__
+from lockstep_sglang.failover import (
+    RETRYABLE_STATUS,
+    Failover,
+    HeldRequest,
+    end_everything,
+)
+from lockstep_sglang.failover import add_routes as add_failover_routes
 from lockstep_sglang.inflight import INFLIGHT_ROUTE, InflightCounter, InflightMiddleware
 from lockstep_sglang.probe import ProbeGate, ProbeReply
 from lockstep_sglang.standin.kv import (
@@ -53,10 +71,20 @@ from lockstep_sglang.standin.kv import (
     KVError,
     KVHandoff,
     KVStore,
+    PDTimeouts,
     fetch_handoff,
     prompt_digest,
 )
-from lockstep_sglang.standin.protocol import GenerateRequest, GenerateResult, Ready, token_id
+from lockstep_sglang.standin.protocol import (
+    AbortRequest,
+    GenerateRequest,
+    GenerateResult,
+    Ready,
+    TokenChunk,
+    detokenize,
+    prompt_tokens,
+    token_id,
+)
 from lockstep_sglang.standin.settings import MAX_PENDING, PodSettings
 
 logger = logging.getLogger("lockstep_sglang.standin.server")
@@ -67,6 +95,12 @@ PROMPT_LOGGED = 120  # characters of a prompt kept in the request log
 LOG_MAX_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_NEW_TOKENS = 16
 MAX_NEW_TOKENS_LIMIT = 4096
+# The "KV cache" of one stand-in server, in tokens (what /v1/loads' token_usage divides by).
+KV_CAPACITY_TOKENS = 65536
+TAKEN_POLL_S = 0.02  # how often a prefill request looks whether its decode took the KV
+FLUSH_S = 0.3  # how long the pod lets ended requests' answers leave before it exits
+
+T = TypeVar("T")
 
 
 class GenerateError(Exception):
@@ -78,9 +112,21 @@ class GenerateError(Exception):
 
 
 @dataclass
-class _Pending:
-    future: asyncio.Future[GenerateResult]
+class _Held:
+    """One work request the server holds (the stand-in's ``rid_to_state``)."""
+
+    rid: str
+    room: int | None
+    bootstrap: str | None
+    started: float  # monotonic
+    stream: bool
+    tokens: int  # what it holds of the "KV": prompt plus completion tokens
     loop: asyncio.AbstractEventLoop
+    # Set (to the message) when the server ends it: every wait of the request races it.
+    ended: asyncio.Future[str]
+    phase: str = "queued"  # queued | waiting_kv | running | holding_kv
+    future: asyncio.Future[GenerateResult] | None = None
+    on_tokens: Callable[[list[int]], None] | None = None
 
 
 class Frontend:
@@ -89,6 +135,10 @@ class Frontend:
     ``inbox`` and ``outbox`` are rank 0's ends seen from here: requests go out through a
     sender thread (a wedged rank 0 stops reading its pipe; only that thread then waits),
     answers come back on a reader thread.
+
+    It is also the runtime's :class:`lockstep_sglang.failover.RequestBook`: every held
+    request can be listed and ended at once with 503 (:meth:`end`), and when rank 0's pipe
+    closes (the group went down) every held request is ended so, before the pod exits.
     """
 
     def __init__(
@@ -98,13 +148,14 @@ class Frontend:
         settings: PodSettings,
         *,
         clock: Callable[[], float] = time.time,
+        timeouts: PDTimeouts | None = None,
     ) -> None:
         self.settings = settings
         self._to_rank0 = to_rank0
         self._from_rank0 = from_rank0
         self._clock = clock
         self._outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._pending: dict[str, _Pending] = {}
+        self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._prefix = f"standin-{os.getpid()}-{int(clock())}"
@@ -114,6 +165,9 @@ class Frontend:
             self._outgoing.put, max_timeout_s=settings.runtime.probe_max_timeout_s
         )
         self.kv = KVStore()
+        self.timeouts = timeouts or PDTimeouts.from_env()
+        self.failover = Failover(self)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the HTTP server's, once serving
         self.request_log = settings.pod_dir / REQUEST_LOG
         self._log_lock = threading.Lock()
         self._kv_client: httpx.AsyncClient | None = None
@@ -146,6 +200,74 @@ class Frontend:
         except OSError as exc:
             logger.warning("request log: %s", exc)
 
+    # -- the failover book --------------------------------------------------------------
+    def held(self) -> list[HeldRequest]:
+        """Every work request this server holds (``GET /lockstep/requests``)."""
+        now = time.monotonic()
+        with self._lock:
+            held = list(self._held.values())
+        return [HeldRequest(h.rid, h.room, h.bootstrap, now - h.started, h.stream) for h in held]
+
+    def end(self, rids: Sequence[str], message: str) -> None:
+        """End each of ``rids`` at once with 503 and drop it on every rank (on the loop)."""
+        for rid in rids:
+            with self._lock:
+                h = self._held.get(rid)
+            if h is None:
+                continue
+            if not h.ended.done():
+                h.ended.set_result(message)
+            if h.phase == "running":
+                self._outgoing.put(AbortRequest(rid))  # the ranks free what it holds
+
+    def end_all_threadsafe(self, message: str, *, wait_s: float = 0.0) -> None:
+        """From any thread: fence the server and end every held request (the runtime's
+        own knowledge that its group went down), waiting up to ``wait_s`` for the
+        answers to leave."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                end_everything(self.failover, message)
+            finally:
+                done.set()
+
+        loop.call_soon_threadsafe(run)
+        done.wait(wait_s)
+        if wait_s > 0:
+            time.sleep(min(wait_s, FLUSH_S))  # let the answers leave the sockets
+
+    def loads(self) -> dict[str, Any]:
+        """``GET /v1/loads``, in SGLang's shape: what the requests hold now."""
+        with self._lock:
+            held = list(self._held.values())
+        mode = self.settings.server.disaggregation_mode
+        running = [h for h in held if h.phase == "running"]
+        waiting = [h for h in held if h.phase in ("queued", "waiting_kv", "holding_kv")]
+        used = sum(h.tokens for h in held if h.phase in ("running", "holding_kv"))
+        load: dict[str, Any] = {
+            "dp_rank": 0,
+            "num_running_reqs": len(running),
+            "num_waiting_reqs": len(waiting),
+            "num_used_tokens": used,
+            "max_total_num_tokens": KV_CAPACITY_TOKENS,
+            "token_usage": round(used / KV_CAPACITY_TOKENS, 6),
+            "disaggregation": {"mode": mode},
+        }
+        if mode == "prefill":
+            load["disaggregation"]["prefill_bootstrap_queue_reqs"] = sum(
+                1 for h in held if h.phase == "holding_kv"
+            )
+        elif mode == "decode":
+            load["disaggregation"]["decode_transfer_queue_reqs"] = sum(
+                1 for h in held if h.phase == "waiting_kv"
+            )
+        return {"timestamp": self._clock(), "version": __version__, "loads": [load]}
+
+    # -- serving ------------------------------------------------------------------------
     async def serve(
         self,
         text: str,
@@ -154,29 +276,116 @@ class Frontend:
         rid: str | None,
         bootstrap: tuple[Any, Any, Any],
         route: str,
+        on_tokens: Callable[[list[int]], None] | None = None,
     ) -> GenerateResult:
-        """One request as a PD server runs it (see the module docstring), logged."""
+        """One request as a PD server runs it (see the module docstring), logged; with
+        ``on_tokens`` every token so far is reported as it is made (a stream)."""
         host, port, room = bootstrap
         mode = self.settings.server.disaggregation_mode
         paired = room is not None and mode in ("prefill", "decode")
         self.log_request("received", route=route, rid=rid, room=room, prompt=text[:PROMPT_LOGGED])
         try:
-            if paired and mode == "decode":
-                await self._receive_kv(text, max_new_tokens, host, port, int(room))
-            tokens = min(max_new_tokens, 1) if paired and mode == "prefill" else max_new_tokens
-            result = await self.generate(text, tokens, rid=rid, bootstrap=bootstrap)
-            if paired and mode == "prefill":
-                first = result.output_ids[0] if result.output_ids else -1
-                self.kv.publish(
-                    KVHandoff(
-                        int(room), prompt_digest(text), first, self.settings.pod_name, self._clock()
-                    )
+            if self.failover.fence.reason is not None:
+                raise GenerateError(
+                    503, f"the group is out of service: {self.failover.fence.reason}"
                 )
+            h = self._hold(rid, text, max_new_tokens, bootstrap, stream=on_tokens is not None)
+            try:
+                h.on_tokens = on_tokens
+                if paired and mode == "decode":
+                    h.phase = "waiting_kv"
+                    await self._or_ended(
+                        h, self._receive_kv(text, max_new_tokens, host, port, int(room))
+                    )
+                tokens = min(max_new_tokens, 1) if paired and mode == "prefill" else max_new_tokens
+                result = await self._or_ended(h, self._generate(h, text, tokens, bootstrap))
+                if paired and mode == "prefill":
+                    # As SGLang's prefill: the request holds its KV until the decode took
+                    # it (or the bootstrap timeout ends it), then answers.
+                    first = result.output_ids[0] if result.output_ids else -1
+                    self.kv.publish(
+                        KVHandoff(
+                            int(room), prompt_digest(text), first, self.settings.pod_name,
+                            self._clock(),
+                        )
+                    )  # fmt: skip
+                    h.phase = "holding_kv"
+                    await self._or_ended(h, self._until_taken(int(room)))
+            finally:
+                self._release(h, int(room) if paired and mode == "prefill" else None)
         except GenerateError as exc:
             self.log_request("failed", route=route, rid=rid, room=room, status=exc.status)
             raise
         self.log_request("answered", route=route, rid=result.rid, room=room, status=200)
         return result
+
+    def _hold(
+        self,
+        rid: str | None,
+        text: str,
+        max_new_tokens: int,
+        bootstrap: tuple[Any, Any, Any],
+        *,
+        stream: bool,
+    ) -> _Held:
+        if self.ready is None:
+            raise GenerateError(503, "the server is starting")
+        if self.rank0_gone:
+            raise GenerateError(503, "the scheduler is gone")
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        rid = rid or self.new_rid()
+        host, port, room = bootstrap
+        h = _Held(
+            rid=rid,
+            room=int(room) if room is not None else None,
+            bootstrap=f"{host}:{port}" if host and port else None,
+            started=time.monotonic(),
+            stream=stream,
+            tokens=prompt_tokens(text) + max_new_tokens,
+            loop=loop,
+            ended=loop.create_future(),
+        )
+        with self._lock:
+            if len(self._held) >= MAX_PENDING:
+                raise GenerateError(503, f"{MAX_PENDING} requests already waiting")
+            if rid in self._held:
+                raise GenerateError(400, f"request id {rid!r} is already running")
+            self._held[rid] = h
+        return h
+
+    def _release(self, h: _Held, room: int | None) -> None:
+        with self._lock:
+            self._held.pop(h.rid, None)
+        if room is not None:
+            self.kv.discard(room)  # taken or abandoned: the prefill's KV is free
+        if not h.ended.done():
+            h.ended.cancel()
+
+    async def _or_ended(self, h: _Held, aw: Awaitable[T]) -> T:
+        """``aw``, unless the server ends the request first (then 503, ``aw`` cancelled)."""
+        task = asyncio.ensure_future(aw)
+        waits: set[asyncio.Future[Any]] = {task, h.ended}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise GenerateError(RETRYABLE_STATUS, h.ended.result())
+
+    async def _until_taken(self, room: int) -> None:
+        deadline = time.monotonic() + self.timeouts.bootstrap_s
+        while not self.kv.taken(room):
+            if time.monotonic() >= deadline:
+                raise GenerateError(
+                    500,
+                    f"Prefill bootstrap failed for room {room}: timed out after "
+                    f"{self.timeouts.bootstrap_s:g}s in KVPoll.Bootstrapping",
+                )
+            await asyncio.sleep(TAKEN_POLL_S)
 
     async def _receive_kv(
         self, text: str, max_new_tokens: int, host: Any, port: Any, room: int
@@ -187,12 +396,12 @@ class Frontend:
             self._kv_client = httpx.AsyncClient(trust_env=False)
         try:
             handoff = await fetch_handoff(
-                self._kv_client, str(host), int(port), room, text, self.settings.request_timeout_s
+                self._kv_client, str(host), int(port), room, text, self.timeouts
             )
         except KVError as exc:
-            raise GenerateError(502, str(exc)) from None
+            raise GenerateError(500, f"Decode transfer failed: {exc}") from None
         if max_new_tokens > 0 and handoff.first_token != token_id(text, 0):
-            raise GenerateError(502, f"KV of room {room} does not match the prompt's first token")
+            raise GenerateError(500, f"KV of room {room} does not match the prompt's first token")
 
     def _send_loop(self) -> None:
         while True:
@@ -208,14 +417,22 @@ class Frontend:
                 msg = self._from_rank0.recv()
             except (EOFError, OSError):
                 self.rank0_gone = True
+                # The group went down (a consensus failure, a dead rank): the runtime
+                # knows before anyone else, so nothing in flight waits for the operator.
+                self.end_all_threadsafe("the TP group's scheduler ended")
                 return
             if isinstance(msg, ProbeReply):
                 self.gate.deliver(msg)
-            elif isinstance(msg, GenerateResult):
+            elif isinstance(msg, GenerateResult | TokenChunk):
                 with self._lock:
-                    pending = self._pending.pop(msg.rid, None)
-                if pending is not None:
-                    pending.loop.call_soon_threadsafe(_resolve, pending.future, msg)
+                    h = self._held.get(msg.rid)
+                if h is None:
+                    continue
+                if isinstance(msg, TokenChunk):
+                    if h.on_tokens is not None:
+                        h.loop.call_soon_threadsafe(h.on_tokens, msg.output_ids)
+                elif h.future is not None:
+                    h.loop.call_soon_threadsafe(_resolve, h.future, msg)
             elif isinstance(msg, Ready):
                 self.ready = msg
                 logger.info("rank 0 ready: TP group of %d formed", msg.world_size)
@@ -231,43 +448,48 @@ class Frontend:
         *,
         rid: str | None = None,
         timeout_s: float | None = None,
-        bootstrap: tuple[str | None, int | None, int | None] = (None, None, None),
     ) -> GenerateResult:
-        """Run one completion through the group; ``GenerateError`` when it cannot."""
-        if self.ready is None:
-            raise GenerateError(503, "the server is starting")
-        if self.rank0_gone:
-            raise GenerateError(503, "the scheduler is gone")
-        rid = rid or self.new_rid()
+        """Run one completion through the group (not logged, not PD: health checks)."""
+        h = self._hold(rid, text, max_new_tokens, (None, None, None), stream=False)
+        try:
+            return await self._or_ended(
+                h, self._generate(h, text, max_new_tokens, timeout_s=timeout_s)
+            )
+        finally:
+            self._release(h, None)
+
+    async def _generate(
+        self,
+        h: _Held,
+        text: str,
+        max_new_tokens: int,
+        bootstrap: tuple[Any, Any, Any] = (None, None, None),
+        *,
+        timeout_s: float | None = None,
+    ) -> GenerateResult:
+        """Send ``h`` to rank 0 and wait for its answer, bounded by ``timeout_s``."""
         timeout_s = self.settings.request_timeout_s if timeout_s is None else timeout_s
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[GenerateResult] = loop.create_future()
-        with self._lock:
-            if len(self._pending) >= MAX_PENDING:
-                raise GenerateError(503, f"{MAX_PENDING} requests already waiting")
-            if rid in self._pending:
-                raise GenerateError(400, f"request id {rid!r} is already running")
-            self._pending[rid] = _Pending(future, loop)
+        h.future = h.loop.create_future()
+        h.phase = "running"
         now = self._clock()
         host, port, room = bootstrap
         self._outgoing.put(
-            GenerateRequest(rid, text, max_new_tokens, now + timeout_s, now, host, port, room)
+            GenerateRequest(
+                h.rid, text, max_new_tokens, now + timeout_s, now, host, port, room, h.stream
+            )
         )
         try:
-            return await asyncio.wait_for(future, timeout_s)
+            return await asyncio.wait_for(asyncio.shield(h.future), timeout_s)
         except TimeoutError:
             # Rank 0 drops it before the broadcast, or aborts it on every rank, once
             # its deadline has passed: nothing of it stays queued.
             raise GenerateError(504, f"no answer within {timeout_s:g}s") from None
-        finally:
-            with self._lock:
-                self._pending.pop(rid, None)
 
     @property
     def pending(self) -> int:
         """Requests waiting for an answer."""
         with self._lock:
-            return len(self._pending)
+            return len(self._held)
 
 
 def _resolve(future: asyncio.Future[GenerateResult], result: GenerateResult) -> None:
@@ -324,40 +546,106 @@ def _error(status: int, message: str) -> JSONResponse:
     )
 
 
+def _sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def stream_tokens(
+    frontend: Frontend,
+    prompt: str,
+    max_new_tokens: int,
+    rid: str | None,
+    bootstrap: tuple[Any, Any, Any],
+    route: str,
+) -> AsyncIterator[tuple[list[int], GenerateResult | GenerateError | None]]:
+    """Run one request as a stream: yields (tokens so far, None) as they are made, then
+    (all tokens, the result) or (tokens so far, the error that ended it)."""
+    chunks: asyncio.Queue[list[int]] = asyncio.Queue()
+    job = asyncio.ensure_future(
+        frontend.serve(
+            prompt, max_new_tokens, rid=rid, bootstrap=bootstrap, route=route,
+            on_tokens=chunks.put_nowait,
+        )
+    )  # fmt: skip
+    sent: list[int] = []
+    try:
+        while not job.done():
+            getter = asyncio.ensure_future(chunks.get())
+            await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                sent = getter.result()
+                yield sent, None
+            else:
+                getter.cancel()
+        while not chunks.empty():
+            sent = chunks.get_nowait()
+            yield sent, None
+        try:
+            result = job.result()
+        except GenerateError as exc:
+            yield sent, exc
+        else:
+            yield list(result.output_ids), result
+    finally:
+        if not job.done():  # the client went away: the ranks drop the request
+            job.cancel()
+            frontend.end([rid] if rid else [], "the client disconnected")
+
+
 def build_app(frontend: Frontend) -> FastAPI:
     """The FastAPI app of one leader pod."""
     settings = frontend.settings
     server = settings.server
     app = FastAPI(title="lockstep SGLang stand-in", version=__version__, docs_url=None)
-    # One counter per app (a test may build several in one process).
+    # One counter per app (a test may build several in one process); the fence refuses
+    # new work once the group is going down.
     inflight = InflightCounter()
-    app.add_middleware(InflightMiddleware, counter=inflight)
+    app.add_middleware(InflightMiddleware, counter=inflight, fence=frontend.failover.fence)
+    add_failover_routes(app, frontend.failover)
 
     @app.get(INFLIGHT_ROUTE)
     async def inflight_route() -> JSONResponse:
         return JSONResponse(inflight.body())
 
+    @app.get("/v1/loads")
+    async def loads() -> JSONResponse:
+        return JSONResponse(frontend.loads())
+
     def meta(
-        result: GenerateResult, started: float, bootstrap: tuple[Any, Any, Any]
+        rid: str,
+        output_ids: list[int],
+        prompt: str,
+        started: float,
+        bootstrap: tuple[Any, Any, Any],
+        finish_reason: dict[str, Any] | None,
+        result: GenerateResult | None = None,
     ) -> dict[str, Any]:
-        n = len(result.output_ids)
-        return {
-            "id": result.rid,
-            "finish_reason": {"type": "length", "length": n},
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": n,
+        out: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": finish_reason,
+            "prompt_tokens": prompt_tokens(prompt),
+            "completion_tokens": len(output_ids),
             "cached_tokens": 0,
             "e2e_latency": round(time.time() - started, 6),
             "bootstrap_host": bootstrap[0],
             "bootstrap_port": bootstrap[1],
             "bootstrap_room": bootstrap[2],
             "disaggregation_mode": server.disaggregation_mode,
-            "lockstep_standin": {
+        }
+        if result is not None:
+            out["lockstep_standin"] = {
                 "tp_size": server.tp_size,
                 "first_iteration": result.first_iteration,
                 "last_iteration": result.last_iteration,
-            },
-        }
+            }
+        return out
+
+    def abort_reason(exc: GenerateError) -> dict[str, Any]:
+        # SGLang's FINISH_ABORT as a stream's last event carries it (schedule_batch.py).
+        return {"type": "abort", "message": str(exc), "status_code": exc.status, "err_type": None}
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -433,39 +721,40 @@ def build_app(frontend: Frontend) -> FastAPI:
             }
         )
 
+    def bootstrap_of(body: Any, i: int) -> tuple[Any, Any, Any]:
+        return (
+            _nth(body.bootstrap_host, i),
+            _nth(body.bootstrap_port, i),
+            _nth(body.bootstrap_room, i),
+        )
+
     async def run_many(
         prompts: list[str], max_new_tokens: int, rid: str | None, body: Any, route: str
     ) -> list[tuple[GenerateResult, tuple[Any, Any, Any]]]:
         jobs = []
         for i, prompt in enumerate(prompts):
-            bootstrap = (
-                _nth(body.bootstrap_host, i),
-                _nth(body.bootstrap_port, i),
-                _nth(body.bootstrap_room, i),
-            )
             one_rid = rid if len(prompts) == 1 else (f"{rid}-{i}" if rid else None)
             jobs.append(
                 frontend.serve(
-                    prompt, max_new_tokens, rid=one_rid, bootstrap=bootstrap, route=route
+                    prompt, max_new_tokens, rid=one_rid, bootstrap=bootstrap_of(body, i),
+                    route=route,
                 )
-            )
+            )  # fmt: skip
         results = await asyncio.gather(*jobs, return_exceptions=True)
         out: list[tuple[GenerateResult, tuple[Any, Any, Any]]] = []
         for i, res in enumerate(results):
             if isinstance(res, BaseException):
                 raise res
-            bootstrap = (
-                _nth(body.bootstrap_host, i),
-                _nth(body.bootstrap_port, i),
-                _nth(body.bootstrap_room, i),
-            )
-            out.append((res, bootstrap))
+            out.append((res, bootstrap_of(body, i)))
         return out
 
-    @app.post("/generate")
-    async def generate(body: GenerateBody) -> JSONResponse:
-        if body.stream:
-            return _error(400, "streaming is not supported by the stand-in")
+    def one_prompt(body: Any, prompts: list[str]) -> JSONResponse | None:
+        if len(prompts) != 1:
+            return _error(400, "a stream carries one prompt")
+        return None
+
+    @app.post("/generate", response_model=None)
+    async def generate(body: GenerateBody) -> JSONResponse | StreamingResponse:
         if body.text is not None:
             prompts = body.text if isinstance(body.text, list) else [body.text]
         elif body.input_ids is not None:
@@ -473,6 +762,36 @@ def build_app(frontend: Frontend) -> FastAPI:
         else:
             return _error(400, "either text or input_ids is required")
         started = time.time()
+        if body.stream:
+            refused = one_prompt(body, prompts)
+            if refused is not None:
+                return refused
+            rid = body.rid or frontend.new_rid()
+            tokens = body.sampling_params.max_new_tokens
+
+            async def events() -> AsyncIterator[bytes]:
+                # SGLang's /generate stream: the whole text so far in every event; the
+                # last carries finish_reason (an abort's with its status), then [DONE].
+                boot = bootstrap_of(body, 0)
+                async for ids, end in stream_tokens(
+                    frontend, prompts[0], tokens, rid, boot, "/generate"
+                ):
+                    reason = None
+                    if isinstance(end, GenerateError):
+                        reason = abort_reason(end)
+                    elif isinstance(end, GenerateResult):
+                        reason = {"type": "length", "length": len(ids)}
+                    res = end if isinstance(end, GenerateResult) else None
+                    yield _sse(
+                        {
+                            "text": detokenize(ids),
+                            "output_ids": ids,
+                            "meta_info": meta(rid, ids, prompts[0], started, boot, reason, res),
+                        }
+                    )
+                yield SSE_DONE
+
+            return StreamingResponse(events(), media_type="text/event-stream")
         try:
             done = await run_many(
                 prompts, body.sampling_params.max_new_tokens, body.rid, body, "/generate"
@@ -480,17 +799,71 @@ def build_app(frontend: Frontend) -> FastAPI:
         except GenerateError as exc:
             return _error(exc.status, str(exc))
         items = [
-            {"text": r.text, "output_ids": r.output_ids, "meta_info": meta(r, started, b)}
-            for r, b in done
-        ]
+            {
+                "text": r.text,
+                "output_ids": r.output_ids,
+                "meta_info": meta(
+                    r.rid, r.output_ids, p, started, b,
+                    {"type": "length", "length": len(r.output_ids)}, r,
+                ),
+            }
+            for (r, b), p in zip(done, prompts, strict=True)
+        ]  # fmt: skip
         return JSONResponse(items if isinstance(body.text, list) else items[0])
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionBody) -> JSONResponse:
-        if body.stream:
-            return _error(400, "streaming is not supported by the stand-in")
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionBody) -> JSONResponse | StreamingResponse:
         prompts = body.prompt if isinstance(body.prompt, list) else [body.prompt]
         started = time.time()
+        model = body.model or server.served_model_name
+        if body.stream:
+            refused = one_prompt(body, prompts)
+            if refused is not None:
+                return refused
+            rid = frontend.new_rid()
+
+            async def events() -> AsyncIterator[bytes]:
+                # OpenAI chunks with the text delta; an abort with a status is SGLang's
+                # error event (serving_completions: create_streaming_error_response).
+                sent = 0
+                async for ids, end in stream_tokens(
+                    frontend, prompts[0], body.max_tokens, None, bootstrap_of(body, 0),
+                    "/v1/completions",
+                ):  # fmt: skip
+                    if isinstance(end, GenerateError):
+                        status = HTTPStatus(end.status)
+                        yield _sse(
+                            {
+                                "error": {
+                                    "object": "error",
+                                    "message": str(end),
+                                    "type": status.name,
+                                    "param": None,
+                                    "code": status.value,
+                                }
+                            }
+                        )
+                        break
+                    delta = detokenize(ids[sent:])
+                    sent = len(ids)
+                    chunk = {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": int(started),
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": delta,
+                                "logprobs": None,
+                                "finish_reason": "length" if end is not None else None,
+                            }
+                        ],
+                    }
+                    yield _sse(chunk)
+                yield SSE_DONE
+
+            return StreamingResponse(events(), media_type="text/event-stream")
         try:
             done = await run_many(prompts, body.max_tokens, None, body, "/v1/completions")
         except GenerateError as exc:
@@ -502,7 +875,7 @@ def build_app(frontend: Frontend) -> FastAPI:
                 "id": done[0][0].rid if done else frontend.new_rid(),
                 "object": "text_completion",
                 "created": int(started),
-                "model": body.model or server.served_model_name,
+                "model": model,
                 "choices": [
                     {
                         "index": i,
