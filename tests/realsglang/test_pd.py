@@ -3,13 +3,18 @@ a prefill and a decode server (mooncake over TCP) behind the real sglang-router.
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
-from server import RealServer
+from server import TOKEN, RealServer, wait_for
 
 pytestmark = pytest.mark.timeout(420)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the_hooks(
@@ -38,3 +43,126 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
         assert server.probe().status_code == 200
     kinds = {r["last_decision"]["kind"] for s in (prefill, decode) for r in s.ranks()["ranks"]}
     assert kinds <= {"batch", "idle"}
+
+
+def _held(server: RealServer) -> list[dict[str, Any]]:
+    resp = server.http.get(f"{server.url}/lockstep/requests", headers=AUTH, timeout=10)
+    assert resp.status_code == 200, resp.text
+    return list(resp.json()["requests"])
+
+
+def _abort(server: RealServer, **order: Any) -> dict[str, Any]:
+    resp = server.http.post(f"{server.url}/lockstep/abort", json=order, headers=AUTH, timeout=10)
+    assert resp.status_code == 200, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def _load(server: RealServer) -> dict[str, Any]:
+    load: dict[str, Any] = server.http.get(f"{server.url}/v1/loads", timeout=10).json()["loads"][0]
+    return load
+
+
+def _busy(load: dict[str, Any]) -> int:
+    return int(load["num_running_reqs"]) + int(load["num_waiting_reqs"])
+
+
+def _in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        began = time.monotonic()
+        try:
+            out["result"] = fn()
+        except Exception as exc:
+            out["result"] = exc
+        out["took"] = time.monotonic() - began
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_halves_caught_by_an_incident_end_at_once_and_free_what_they_held(
+    real_server: Callable[..., RealServer], real_router: Callable[..., str]
+) -> None:
+    """The real engine's side of "no request lost to an incident": a prefill half whose
+    decode never comes and a decode half whose prefill never sends are listed by room and
+    ended with 503 on the operator's word, the scheduler frees what they held; a stream
+    through the router ends with SGLang's abort event; the fenced server refuses new work.
+    """
+    prefill = real_server(tp=1, mode="prefill", cores=[0])
+    decode = real_server(tp=1, mode="decode", cores=[1])
+    prefill.wait_ready()
+    decode.wait_ready()
+    assert prefill.http.get(f"{prefill.url}/lockstep/requests", timeout=10).status_code == 401
+    idle_p, idle_d = _load(prefill), _load(decode)
+    host = "127.0.0.1"
+
+    def pd(server: RealServer, room: int) -> httpx.Response:
+        body = {
+            "text": f"half of room {room}",
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            "bootstrap_host": host,
+            "bootstrap_port": prefill.bootstrap_port,
+            "bootstrap_room": room,
+        }
+        return server.http.post(f"{server.url}/generate", json=body, timeout=120)
+
+    # A prefill half whose decode never bootstraps: SGLang holds it 300 s.
+    orphan, got = _in_background(lambda: pd(prefill, 9101))
+    wait_for(lambda: [r["room"] for r in _held(prefill)] == [9101], 30, "the prefill half held")
+    wait_for(lambda: _busy(_load(prefill)) > _busy(idle_p), 30, "the prefill holding it")
+    ended = _abort(prefill, rooms=[9101], reason="decode/0 is out of service")
+    assert [r["room"] for r in ended["aborted"]] == [9101]
+    orphan.join(10)
+    assert isinstance(got["result"], httpx.Response), got
+    assert got["result"].status_code == 503 and got["took"] < 60, got
+    wait_for(lambda: _busy(_load(prefill)) == _busy(idle_p), 30, "the prefill freed it")
+
+    # A decode half whose prefill never sends the KV (a wedged prefill whose bootstrap
+    # server still answers: SGLang's heartbeat does not help): ended by its peer address.
+    stuck, got = _in_background(lambda: pd(decode, 9102))
+    wait_for(lambda: [r["room"] for r in _held(decode)] == [9102], 30, "the decode half held")
+    (listed,) = _held(decode)
+    assert listed["bootstrap"] == f"{host}:{prefill.bootstrap_port}"
+    assert [r["room"] for r in _abort(decode, peers=[host])["aborted"]] == [9102]
+    stuck.join(10)
+    assert isinstance(got["result"], httpx.Response) and got["result"].status_code == 503, got
+    wait_for(lambda: _busy(_load(decode)) == _busy(idle_d), 60, "the decode freed it")
+    assert _load(decode)["num_used_tokens"] == idle_d["num_used_tokens"]
+
+    # A stream through the real router, cut by the incident: SGLang's abort event, then
+    # [DONE]; never a clean-looking truncated 200.
+    router = real_router(prefill, decode)
+    lines: list[str] = []
+    first = threading.Event()
+
+    def read_stream() -> int:
+        body = {
+            "text": "a long answer",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True},
+        }
+        with httpx.stream(
+            "POST", f"{router}/generate", json=body, timeout=120, trust_env=False
+        ) as resp:
+            for line in resp.iter_lines():
+                lines.append(line)
+                if line.startswith("data: {"):
+                    first.set()
+            return resp.status_code
+
+    streaming, got = _in_background(read_stream)
+    assert first.wait(120), "the stream started"
+    ended = _abort(decode, all=True, reason="decode/0 judged Hung")
+    assert ended["fenced"] == "decode/0 judged Hung" and len(ended["aborted"]) == 1
+    streaming.join(30)
+    assert got["result"] == 200, got
+    data = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]", data[-3:]
+    finish = json.loads(data[-2])["meta_info"]["finish_reason"]
+    assert finish["type"] == "abort" and finish["status_code"] == 503, finish
+    # Fenced: the router's health check and any new request get 503 at once.
+    assert decode.http.get(f"{decode.url}/health", timeout=10).status_code == 503
+    assert decode.generate("after the fence").status_code == 503

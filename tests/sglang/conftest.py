@@ -57,7 +57,7 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
     import torch.distributed as dist
     from sglang.srt.disaggregation import decode, prefill
     from sglang.srt.entrypoints import engine, http_server
-    from sglang.srt.managers import io_struct, scheduler
+    from sglang.srt.managers import io_struct, scheduler, tokenizer_manager
     from sglang.srt.managers.scheduler_components.request_receiver import (
         SchedulerRequestReceiver,
     )
@@ -74,6 +74,8 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
         (decode.DecodePreallocQueue, "pop_preallocated"),
         (decode.DecodeTransferQueue, "pop_transferred"),
         (prefill.PrefillBootstrapQueue, "pop_bootstrapped"),
+        (tokenizer_manager.SignalHandler, "running_phase_sigquit_handler"),
+        (tokenizer_manager.SignalHandler, "sigterm_handler"),
     ]
     hooked_names = (
         "get_next_batch_to_run",
@@ -96,7 +98,13 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
 
     installed = set(sglang_hooks._installed)
     module_state = (sglang_hooks._config, sglang_hooks._runtime)
-    server_state = (server_hooks._config, server_hooks._route_added, server_hooks._gate)
+    server_state = (
+        server_hooks._config,
+        server_hooks._route_added,
+        server_hooks._gate,
+        server_hooks._signals_hooked,
+    )
+    middleware = list(http_server.app.user_middleware)
     try:
         yield sglang_hooks
     finally:
@@ -109,7 +117,13 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
         sglang_hooks._installed.clear()
         sglang_hooks._installed.update(installed)
         sglang_hooks._config, sglang_hooks._runtime = module_state
-        server_hooks._config, server_hooks._route_added, server_hooks._gate = server_state
+        (
+            server_hooks._config,
+            server_hooks._route_added,
+            server_hooks._gate,
+            server_hooks._signals_hooked,
+        ) = server_state
+        http_server.app.user_middleware[:] = middleware
 
 
 @pytest.fixture

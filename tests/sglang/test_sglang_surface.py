@@ -84,6 +84,19 @@ def test_every_name_the_hooks_read_exists_on_the_real_classes(hooks: ModuleType)
     assert missing == [], f"the hooks read names SGLang 0.5.23 does not have: {missing}"
 
 
+def test_every_name_the_failover_reads_exists_on_the_real_classes(hooks: ModuleType) -> None:
+    # The requests a server holds are SGLang's own request states, and ending one calls
+    # SGLang's own abort paths: a renamed field or method must fail here, not in an
+    # incident (tests/realsglang runs them on a real server).
+    from lockstep_sglang import server_hooks
+
+    missing = []
+    for target, names in server_hooks.SGLANG_FAILOVER_READS.items():
+        known = instance_attributes(_owner(target))
+        missing += [f"{target}.{name}" for name in names if name not in known]
+    assert missing == [], f"the failover reads names SGLang 0.5.23 does not have: {missing}"
+
+
 def test_the_check_itself_catches_what_broke_the_last_release(hooks: ModuleType) -> None:
     from sglang.srt.managers.scheduler import Scheduler
 

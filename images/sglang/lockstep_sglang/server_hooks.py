@@ -1,34 +1,198 @@
-"""The main-process side of lockstep in SGLang 0.5.23: the probe route and its replies.
+"""The main-process side of lockstep in SGLang 0.5.23: the probe route and its replies,
+and the requests caught by an incident.
 
 ``GET /lockstep/probe`` is added to SGLang's FastAPI app; the tokenizer manager (built
 through ``launch_server(init_tokenizer_manager_func=...)``) gets a
 :class:`lockstep_sglang.probe.ProbeGate` whose requests go to the schedulers over
 SGLang's own IPC, and whose replies its result dispatcher routes back. The scheduler side
 is :mod:`lockstep_sglang.hooks`.
+
+Failover (:mod:`lockstep_sglang.failover`): the held requests are the tokenizer manager's
+``rid_to_state`` (health checks left out). Ending one does what SGLang's own paths do,
+in the order that makes both happen (docs/router.md, "What SGLang 0.5.23 does with an
+abort"): ``abort_request(rid)`` sends the scheduler an ``AbortReq``, which drops the
+request from whichever queue holds it and frees its KV slots and metadata buffer (a
+zmq push: it never waits on a wedged scheduler); then ``_handle_abort_req`` with
+SGLang's ``FINISH_ABORT`` carrying ``HTTPStatus.SERVICE_UNAVAILABLE`` answers the client
+at once: 503 for a plain request, SGLang's abort event and ``[DONE]`` for a stream. The
+dispatcher holds a bound ``_handle_abort_req`` taken at start, so it is called, never
+replaced. SGLang ends a server whose scheduler died from its SIGQUIT handler
+(``kill_process_tree``, the HTTP process included, so every client would see its
+connection cut): :func:`sigquit_first_end_requests` ends the held requests first and
+lets their answers leave before SGLang's handler runs; on SIGTERM (a pod deleted, a
+drain out of time) the held requests end the same way instead of waiting to be cut.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from sglang.srt.entrypoints import engine as engine_mod
 from sglang.srt.entrypoints import http_server
+from sglang.srt.managers import tokenizer_manager as tokenizer_manager_mod
+from sglang.srt.managers.io_struct import AbortReq
+from sglang.srt.managers.utils import is_health_check_generate_req
 from sglang.utils import TypeBasedDispatcher
 
 from lockstep_sglang import hooks
 from lockstep_sglang.config import RuntimeConfig
+from lockstep_sglang.failover import Failover, HeldRequest, end_everything
+from lockstep_sglang.failover import add_routes as add_failover_routes
 from lockstep_sglang.hooks import LockstepProbeOutput, LockstepProbeReq
 from lockstep_sglang.inflight import COUNTER, INFLIGHT_ROUTE, InflightMiddleware
 from lockstep_sglang.probe import ProbeGate, ProbeReply, ProbeRequest
 
+logger = logging.getLogger("lockstep_sglang.server_hooks")
+
 PROBE_ROUTE = "/lockstep/probe"
+# How long the held requests' answers get to leave before SGLang's SIGQUIT handler kills
+# the process tree (the scheduler is already dead; the server is going anyway).
+FLUSH_S = 0.5
+
+# What the failover reads of SGLang's objects (tests/sglang checks them on the real
+# classes): the tokenizer manager's request states and each request's input.
+SGLANG_FAILOVER_READS: dict[str, tuple[str, ...]] = {
+    "sglang.srt.managers.tokenizer_manager:TokenizerManager": (
+        "rid_to_state",
+        "abort_request",
+        "_handle_abort_req",
+    ),
+    "sglang.srt.managers.tokenizer_manager:ReqState": ("obj", "time_stats"),
+    "sglang.srt.managers.io_struct:GenerateReqInput": (
+        "stream",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+    ),
+    "sglang.srt.observability.req_time_stats:APIServerReqTimeStats": ("created_time",),
+    "sglang.srt.managers.tokenizer_manager:SignalHandler": (
+        "running_phase_sigquit_handler",
+        "sigterm_handler",
+    ),
+}
 
 _config: RuntimeConfig | None = None
 _route_added = False
 
 _gate: ProbeGate | None = None
+
+
+def _tokenizer_manager() -> Any:
+    state = http_server.get_global_state()
+    return None if state is None else state.tokenizer_manager
+
+
+class SGLangRequestBook:
+    """The failover book over SGLang's tokenizer manager (see the module docstring)."""
+
+    def __init__(self, manager: Callable[[], Any] = _tokenizer_manager) -> None:
+        self._manager = manager
+
+    def held(self) -> list[HeldRequest]:
+        tm = self._manager()
+        if tm is None:
+            return []
+        now = time.perf_counter()
+        out: list[HeldRequest] = []
+        for rid, state in list(tm.rid_to_state.items()):
+            obj = state.obj
+            if is_health_check_generate_req(obj):
+                continue
+            room = getattr(obj, "bootstrap_room", None)
+            host = getattr(obj, "bootstrap_host", None)
+            port = getattr(obj, "bootstrap_port", None)
+            created = float(getattr(state.time_stats, "created_time", 0.0) or 0.0)
+            out.append(
+                HeldRequest(
+                    rid=str(rid),
+                    room=room if isinstance(room, int) else None,
+                    bootstrap=f"{host}:{port}" if isinstance(host, str) and port else None,
+                    age_s=max(0.0, now - created) if created else 0.0,
+                    stream=bool(getattr(obj, "stream", False)),
+                )
+            )
+        return out
+
+    def end(self, rids: Sequence[str], message: str) -> None:
+        tm = self._manager()
+        if tm is None:
+            return
+        for rid in rids:
+            if rid not in tm.rid_to_state:
+                continue  # finished meanwhile
+            try:
+                tm.abort_request(rid)  # the scheduler frees what it holds
+            except Exception:
+                logger.exception("lockstep: abort_request(%s) failed", rid)
+            tm._handle_abort_req(
+                AbortReq(
+                    rid=rid,
+                    finished_reason={
+                        "type": "abort",
+                        "message": message,
+                        "status_code": HTTPStatus.SERVICE_UNAVAILABLE,
+                        "err_type": None,
+                    },
+                )
+            )
+
+
+FAILOVER = Failover(SGLangRequestBook())
+
+
+def failover() -> Failover:
+    """This server's failover surface (its book, fence and the operator's token)."""
+    return FAILOVER
+
+
+_signals_hooked = False
+
+
+def sigquit_first_end_requests(original: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang's SIGQUIT handler (a scheduler died: the group is down), after ending every
+    held request with 503 and giving the answers :data:`FLUSH_S` to leave."""
+
+    def handler(self: Any, signum: Any = None, frame: Any = None) -> None:
+        ended = end_everything(FAILOVER, "the TP group went down (a scheduler process ended)")
+        if ended == 0:
+            original(self, signum, frame)
+            return
+        asyncio.get_running_loop().call_later(FLUSH_S, original, self, signum, frame)
+
+    return handler
+
+
+def sigterm_first_end_requests(original: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang's SIGTERM handler, after ending every held request with 503: the container
+    is stopping (the launcher kills the server a few seconds later), so a request still
+    held would be cut; ended, the router retries it elsewhere."""
+
+    def handler(self: Any, signum: Any = None, frame: Any = None) -> None:
+        end_everything(FAILOVER, "the server is stopping (SIGTERM)")
+        original(self, signum, frame)
+
+    return handler
+
+
+def hook_signal_handlers() -> None:
+    """Wrap SGLang's running-phase SIGQUIT and SIGTERM handlers (before the first request
+    registers them on the event loop); idempotent."""
+    global _signals_hooked
+    if _signals_hooked:
+        return
+    cls = tokenizer_manager_mod.SignalHandler
+    cls.running_phase_sigquit_handler = sigquit_first_end_requests(
+        cls.running_phase_sigquit_handler
+    )
+    cls.sigterm_handler = sigterm_first_end_requests(cls.sigterm_handler)
+    _signals_hooked = True
 
 
 def probe_gate() -> ProbeGate | None:
@@ -114,16 +278,19 @@ async def inflight_route() -> JSONResponse:
 
 
 def install_server_hooks(config: RuntimeConfig) -> None:
-    """Main-process hooks: IPC types, the probe and in-flight routes with their counting
-    middleware, the DP controller's entry."""
+    """Main-process hooks: IPC types, the probe, in-flight and failover routes with their
+    counting and fencing middleware, the signal handlers that end held requests first,
+    the DP controller's entry."""
     global _config, _route_added
     _config = config
     hooks.register_ipc_types()
     if not _route_added:
         http_server.app.add_api_route(PROBE_ROUTE, probe_route, methods=["GET"])
         http_server.app.add_api_route(INFLIGHT_ROUTE, inflight_route, methods=["GET"])
-        http_server.app.add_middleware(InflightMiddleware)
+        add_failover_routes(http_server.app, FAILOVER)
+        http_server.app.add_middleware(InflightMiddleware, fence=FAILOVER.fence)
         _route_added = True
+    hook_signal_handlers()
     # engine.py looks this name up when it starts the DP controller process.
     engine_mod.run_data_parallel_controller_process = hooks.run_data_parallel_controller_process
 
