@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Callable
 
-import httpx
 import pytest
 from server import RealServer, wait_for
 
