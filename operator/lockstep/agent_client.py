@@ -11,6 +11,11 @@ Every SGLang pod runs lockstep's pod agent (`lockstep_sglang.agent`) on
 - `POST /stacks`: `py-spy` dumps, for an incident's evidence;
 - `POST /restart` (bearer token): the in-place group restart.
 
+And on a leader's SGLang HTTP port (`constants.PORT_HTTP`), lockstep's runtime routes:
+`GET /lockstep/inflight` (how many work requests it holds, for a planned drain) and,
+with the same token, `GET /lockstep/requests` and `POST /lockstep/abort` (the requests it
+holds, and ending them at once with a retryable 503: `lockstep.failover`).
+
 Parsing is pure (`report_from_ranks`, `rank_state_from_json`, `consensus_cause`); a
 renamed field is a change here only, and a contract test feeds this module the real
 `PodAgent`'s answer. httpx is the HTTP client (sync and async, per-request timeouts).
@@ -26,6 +31,7 @@ from typing import Any
 import httpx
 
 from lockstep import constants as c
+from lockstep.failover import HeldRequest
 from lockstep.verdicts import AgentReport, Collective, Decision, RankState, clip_evidence
 
 SCHEMA = "lockstep.dev/rank-state/v1"
@@ -233,6 +239,43 @@ class AgentClient:
             return None
         return value if isinstance(value, int) and value >= 0 else None
 
+    def held_requests(
+        self, pod_ip: str, token: str, timeout: float = 1.0
+    ) -> tuple[HeldRequest, ...] | None:
+        """The requests a leader holds (`GET /lockstep/requests`); None when it does not
+        answer (down, wedged HTTP, or a runtime without the route)."""
+        try:
+            resp = self.http.get(
+                f"http://{pod_ip}:{c.PORT_HTTP}/lockstep/requests",
+                timeout=timeout,
+                headers=_bearer(token),
+            )
+            if resp.status_code != 200:
+                return None
+            return held_from_json(resp.json().get("requests"))
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+
+    def end_requests(
+        self, pod_ip: str, token: str, body: Mapping[str, Any], timeout: float = 2.0
+    ) -> tuple[HeldRequest, ...] | str:
+        """`POST /lockstep/abort`: what the leader ended, or why it did not answer."""
+        try:
+            resp = self.http.post(
+                f"http://{pod_ip}:{c.PORT_HTTP}/lockstep/abort",
+                json=dict(body),
+                timeout=httpx.Timeout(timeout, connect=1.0),
+                headers=_bearer(token),
+            )
+        except httpx.HTTPError as err:
+            return f"{type(err).__name__}: {err}"[:200]
+        if resp.status_code != 200:
+            return f"HTTP {resp.status_code}: {resp.text[:200]}"
+        try:
+            return held_from_json(resp.json().get("aborted"))
+        except (ValueError, AttributeError) as err:
+            return f"malformed answer: {err}"
+
     def evidence(self, pod_ip: str, route: str, token: str) -> str:
         """The raw answer of `GET /ranks` or `POST /stacks`, bounded, for an incident's
         evidence; `unreachable (...)` when the agent did not answer, `HTTP <status>: ...`
@@ -269,6 +312,33 @@ class AgentClient:
             f"HTTP {resp.status_code}: {resp.text[:200]}",
             unauthorized=resp.status_code == 401,
         )
+
+
+def held_from_json(items: Any) -> tuple[HeldRequest, ...]:
+    """The runtime's list of held requests (`lockstep_sglang.failover.HeldRequest`
+    JSON); ValueError on anything else."""
+    if not isinstance(items, list):
+        raise ValueError("requests: not a list")
+    out = []
+    for item in items:
+        if not isinstance(item, Mapping) or not isinstance(item.get("rid"), str):
+            raise ValueError("requests: an entry without a rid")
+        room = item.get("room")
+        boot = item.get("bootstrap")
+        host = (
+            boot.rpartition(":")[0].strip("[]") if isinstance(boot, str) and ":" in boot else None
+        )
+        age = item.get("age_s")
+        out.append(
+            HeldRequest(
+                rid=item["rid"],
+                room=room if isinstance(room, int) and not isinstance(room, bool) else None,
+                bootstrap_host=host or None,
+                age_s=float(age) if isinstance(age, int | float) else 0.0,
+                stream=item.get("stream") is True,
+            )
+        )
+    return tuple(out)
 
 
 def _ranks_answer(pod: str, resp: httpx.Response) -> RanksAnswer:

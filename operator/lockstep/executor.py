@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +23,13 @@ from lockstep import constants as c
 from lockstep.agent_client import UNREACHABLE, AgentClient, consensus_cause
 from lockstep.builders import agent_token_secret_name, build_agent_token_secret
 from lockstep.evidence import EvidenceEntry
+from lockstep.failover import (
+    ORPHAN_GRACE_SECONDS,
+    EndOrder,
+    Leader,
+    plan_peers,
+    still_orphaned,
+)
 from lockstep.kube import Kube
 from lockstep.metrics import Metrics
 from lockstep.models import PDDeployment
@@ -32,6 +40,7 @@ from lockstep.recovery import (
     CreateEpoch,
     DeletePods,
     EmitEvent,
+    EndRequests,
     OpenIncident,
     RestartInPlace,
     SetGate,
@@ -126,6 +135,8 @@ class Execution:
         for action in actions:
             if isinstance(action, SetGate):
                 self._set_gate(action)
+            elif isinstance(action, EndRequests):
+                self._end_requests(role, group, action)
             elif isinstance(action, CaptureEvidence):
                 self._capture(action)
             elif isinstance(action, DeletePods):
@@ -274,6 +285,112 @@ class Execution:
         for problem in problems:
             log.warning("router sweep of %s: %s", self.pdd.metadata.name, problem)
         return removed
+
+    # -- requests caught by an incident
+
+    def _leaders(
+        self, names: set[str] | None = None, *, exclude: frozenset[str] | set[str] = frozenset()
+    ) -> list[tuple[str, str, str]]:
+        """(name, role, IP) of the serving leader pods (rank 0) with an address."""
+        out = []
+        for pod in self.pods:
+            meta = pod.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            name = str(meta.get("name"))
+            ip = (pod.get("status") or {}).get("podIP")
+            role = labels.get(c.LABEL_ROLE)
+            if labels.get(c.LABEL_RANK) != "0" or role not in c.ROLES or not ip:
+                continue
+            if (names is not None and name not in names) or name in exclude:
+                continue
+            out.append((name, str(role), str(ip)))
+        return out
+
+    def _end_requests(self, role: str, group: int, action: EndRequests) -> None:
+        """End the group's own requests (every leader, fenced), then the halves its PD
+        peers hold for it (`lockstep.failover`); one Event says what ended where."""
+        try:
+            token = agent_token(self.deps, self.pdd, self.namespace)
+        except Exception as err:
+            log.warning("ending the requests of %s/%d: no token: %s", role, group, _short(err))
+            return
+        agents = self.deps.agents
+        names = {p.name for p in action.pods}
+        own = self._leaders(names)
+        group_ips = {
+            str((p.get("status") or {}).get("podIP"))
+            for p in self.pods
+            if p["metadata"]["name"] in names and (p.get("status") or {}).get("podIP")
+        }
+        ended: dict[str, int] = {}
+        rooms: set[int] = set()
+        problems: list[str] = []
+        body = {"all": True, "fence": True, "reason": action.reason}
+        for name, _, ip in own:
+            answer = agents.end_requests(ip, token, body)
+            if isinstance(answer, str):
+                problems.append(f"{name}: {answer}")  # a dead leader holds nothing
+                continue
+            if answer:
+                ended[name] = len(answer)
+            rooms |= {r.room for r in answer if r.room is not None}
+        others = self._leaders(exclude={n for n, _, _ in own} | names)
+        # Prefills first, then decodes: a room listed on a prefill has its decode half
+        # listed by the time the decodes are read (lockstep.failover).
+        others.sort(key=lambda leader: leader[1] != "prefill")
+        leaders = [
+            Leader(name, peer_role, ip, agents.held_requests(ip, token))
+            for name, peer_role, ip in others
+        ]
+        plan = plan_peers(role, group_ips, rooms, leaders)
+        by_name = {leader.name: leader for leader in leaders}
+        self._send_orders(plan.orders, by_name, token, action.reason, ended, problems)
+        if plan.young:
+            # Too young to tell from a live pair: look once more when they are not.
+            time.sleep(ORPHAN_GRACE_SECONDS)
+            decodes = [
+                Leader(n, "decode", leader.ip, agents.held_requests(leader.ip, token))
+                for n, leader in by_name.items()
+                if leader.role == "decode"
+            ]
+            orders = still_orphaned(plan.young, decodes)
+            self._send_orders(orders, by_name, token, action.reason, ended, problems)
+        if plan.unknown:
+            problems.append(
+                f"decode leader(s) {', '.join(plan.unknown)} did not list their requests: "
+                "prefill halves without a decode were left to SGLang's bootstrap timeout"
+            )
+        for problem in problems:
+            log.warning("ending the requests of %s/%d: %s", role, group, problem)
+        if ended:
+            own_count = sum(n for name, n in ended.items() if name in names)
+            peers = ", ".join(f"{k}: {v}" for k, v in sorted(ended.items()) if k not in names)
+            self.events(
+                "Normal",
+                "RequestsEnded",
+                f"{role} group {group}: ended {own_count} request(s) it held"
+                + (f" and the halves its peers held for it ({peers})" if peers else "")
+                + " with 503 (retryable): the router retries them on a healthy pair",
+            )
+            self.deps.metrics.requests_ended.labels(role).inc(sum(ended.values()))
+
+    def _send_orders(
+        self,
+        orders: Mapping[str, EndOrder],
+        leaders: Mapping[str, Leader],
+        token: str,
+        reason: str,
+        ended: dict[str, int],
+        problems: list[str],
+    ) -> None:
+        for name, order in orders.items():
+            if not order:
+                continue
+            answer = self.deps.agents.end_requests(leaders[name].ip, token, order.body(reason))
+            if isinstance(answer, str):
+                problems.append(f"{name}: {answer}")
+            elif answer:
+                ended[name] = ended.get(name, 0) + len(answer)
 
     # -- evidence
 

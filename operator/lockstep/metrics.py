@@ -41,6 +41,13 @@ class Metrics:
             ["role"],
             registry=self.registry,
         )
+        self.requests_ended = Counter(
+            "lockstep_requests_ended_total",
+            "Requests ended with a retryable 503 because their group (or, for the other "
+            "half of a PD pair, their peer) left service: by the role of that group.",
+            ["role"],
+            registry=self.registry,
+        )
         self.incidents_open = Gauge(
             "lockstep_incidents_open",
             "Incidents not yet closed.",

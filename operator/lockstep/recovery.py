@@ -201,6 +201,7 @@ class Reason(StrEnum):
     MOVE_FAILED = "GroupMoveFailed"
     MOVED = "GroupMoved"
     UNSCHEDULABLE = "GroupUnschedulable"
+    REQUESTS_ENDED = "RequestsEnded"
 
 
 _VERDICT_REASON = {
@@ -405,6 +406,18 @@ class SetGate:
 
 
 @dataclass(frozen=True)
+class EndRequests:
+    """End at once, with a retryable 503, every request the group's leaders hold (and
+    fence them: new work refused), and the halves of its PD pairs that peers of the other
+    role hold for it (`lockstep.failover`). Emitted after the group left every router
+    (its `SetGate` false), so the router's retries go to healthy pairs; safe to repeat
+    (what has ended is no longer held)."""
+
+    pods: tuple[PodRef, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
 class CaptureEvidence:
     """Read rank states, stacks and last log lines of these pods into the incident."""
 
@@ -479,6 +492,7 @@ class EmitEvent:
 
 Action = (
     SetGate
+    | EndRequests
     | CaptureEvidence
     | RestartInPlace
     | DeletePods
@@ -1075,8 +1089,13 @@ class _Planner:
 
     def _on_draining(self, v: GroupVerdict | None) -> None:
         todo = [p for p in self.pods() if not p.deleting and p.gate is not False]
+        broken = not self.rec.maintenance
         if todo:
             self.actions.append(SetGate(_refs(todo), False))
+            if broken:
+                # Out of the routers first (the action before), then nothing in flight
+                # waits on the group: its requests and its peers' halves end, retryable.
+                self.actions.append(EndRequests(_refs(self.pods()), self._end_reason()))
             self.again_in(RECHECK_SECONDS)
             return
         if self.rec.maintenance:
@@ -1086,7 +1105,18 @@ class _Planner:
             self.goto(Step.AWAITING_RESTART)
             return
         self.event(Reason.DRAINED, "out of the router (readiness gate false on every pod)")
+        # Once more as the drain completes: halves the router placed in the instant before
+        # it let go of the group are old enough now to be told from live ones.
+        self.actions.append(EndRequests(_refs(self.pods()), self._end_reason()))
         self.goto(Step.CAPTURING_EVIDENCE)
+
+    def _end_reason(self) -> str:
+        inc = self.rec.incident
+        what = inc.verdict if inc is not None else "out of service"
+        return (
+            f"{self.s.role}/{self.rec.index} ({what}) is being restarted by lockstep; "
+            "retry on another group"
+        )
 
     def _on_capturing_evidence(self, v: GroupVerdict | None) -> None:
         incident = self.rec.incident
@@ -1779,6 +1809,15 @@ class _Planner:
             return False
         self.update(drain_done=True)
         if busy:
+            # What is still running ends retryable (the router retries it elsewhere)
+            # before the pods go, never cut off silently.
+            self.actions.append(
+                EndRequests(
+                    _refs(pods),
+                    f"{self.s.role}/{self.rec.index} is leaving service and its drain ran out of "
+                    f"time ({timeout}s); retry on another group",
+                )
+            )
             self.event(
                 Reason.DRAINED,
                 f"drain timed out after {timeout}s (maintenance.drainTimeoutSeconds) with "

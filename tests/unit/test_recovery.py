@@ -317,12 +317,16 @@ def test_desync_recovers_through_every_step_in_order() -> None:
         Step.READMITTING,
         Step.HEALTHY,
     ]
-    # Drained before evidence, evidence before delete, delete before create.
+    # Drained before evidence, evidence before delete, delete before create; the group's
+    # requests (and its peers' halves) end right after it left the routers, and once more
+    # as the drain completes.
     kinds = [type(a).__name__ for _, _, a in sim.log if not isinstance(a, EmitEvent)]
     assert kinds == [
         "OpenIncident",
         "UpdateIncident",
         "SetGate",
+        "EndRequests",
+        "EndRequests",
         "CaptureEvidence",
         "UpdateIncident",
         "DeletePods",
@@ -450,10 +454,11 @@ TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
      Step.READMITTING, []),
     ("observing: policy now RestartGroup", rec(Step.OBSERVING, incident=INCIDENT),
      GroupInput(pods(), V("hung")), Step.DRAINING, ["UpdateIncident"]),
-    ("draining: gates to set", rec(Step.DRAINING, incident=INCIDENT), GroupInput(pods()),
-     Step.DRAINING, ["SetGate"]),
-    ("draining: every gate false", rec(Step.DRAINING, incident=INCIDENT),
-     GroupInput(pods(gate=False)), Step.CAPTURING_EVIDENCE, ["EmitEvent"]),
+    ("draining: gates to set, then its requests end", rec(Step.DRAINING, incident=INCIDENT),
+     GroupInput(pods()), Step.DRAINING, ["SetGate", "EndRequests"]),
+    ("draining: every gate false, requests ended once more",
+     rec(Step.DRAINING, incident=INCIDENT), GroupInput(pods(gate=False)),
+     Step.CAPTURING_EVIDENCE, ["EmitEvent", "EndRequests"]),
     ("capturing evidence: asks once", rec(Step.CAPTURING_EVIDENCE, incident=INCIDENT),
      GroupInput(pods(gate=False)), Step.CAPTURING_EVIDENCE, ["CaptureEvidence"]),
     ("capturing evidence: asked, not in the store yet",

@@ -17,6 +17,7 @@ from test_recovery import T0, Sim
 
 from lockstep.recovery import (
     DeletePods,
+    EndRequests,
     GroupInput,
     Reason,
     SetGate,
@@ -63,6 +64,8 @@ def test_scale_down_drains_the_group_then_deletes_it_and_it_is_forgotten() -> No
     for _ in range(5):
         sim.round()
     assert sim.actions(DeletePods, 1)
+    # Everything finished in time: nothing was ended.
+    assert not sim.actions(EndRequests, 1)
     assert not sim.view(1)
     assert "GroupRetired" in sim.reasons(1)
     assert retired(sim.records[1], sim.view(1))  # the I/O layer forgets it
@@ -79,6 +82,12 @@ def test_the_drain_of_a_scale_down_is_bounded_by_drain_timeout_seconds() -> None
         sim.round()
     deleted_at = next(t for t, g, a in sim.log if g == 1 and isinstance(a, DeletePods))
     assert 120 <= deleted_at - start < 125
+    # What still ran when the time was up ended retryable first, never cut silently: the
+    # leaders are told to end it in the round of the delete, before it.
+    kinds = [type(a).__name__ for t, g, a in sim.log if g == 1 and t == deleted_at]
+    assert kinds.index("EndRequests") < kinds.index("DeletePods")
+    (ended,) = sim.actions(EndRequests, 1)
+    assert isinstance(ended, EndRequests) and "drain ran out of time (120s)" in ended.reason
     drained = [
         a for _, g, a in sim.log if g == 1 and getattr(a, "reason", None) == Reason.DRAINED.value
     ]
