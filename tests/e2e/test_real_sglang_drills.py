@@ -6,8 +6,12 @@ pods; PD over mooncake TCP), behind the real sglang-router, with the real operat
 cluster, three incidents in decode group 0, each recovered before the next: a desync
 forced into one rank's decisions (restarted in place), a rank wedged in the request
 broadcast (the group failed again within the escalation window: recreated), a killed
-rank (recreated). The stand-in drills (test_drills.py, test_router_drills.py) cover the
-other scenarios; where the two engines differ, the stand-in is wrong.
+rank (recreated). For each, as a user of the served model sees it (a client that waits
+two minutes): every request the incident caught ended 200 and none waited more than 15 s
+past the verdict; a long stream on the group ended with SGLang's own abort event; the
+groups that stayed hold what they held before (SGLang's /v1/loads). The stand-in drills
+(test_drills.py, test_router_drills.py) cover the other scenarios; where the two engines
+differ, the stand-in is wrong.
 """
 
 from __future__ import annotations
@@ -32,5 +36,12 @@ def test_real_servers_recover_from_a_desync_a_hang_and_a_killed_rank_through_the
         # Nothing reached the drained group, and nothing failed once it was drained.
         assert step["affected_received_while_drained"] == 0, step
         assert step["router_failed_after_drain"] == 0, step
+        # No request lost to the incident, none waiting long, no stream cut silently.
+        fo = step["failover"]
+        assert fo["caught"] > 0 and fo["caught_ok"] == fo["caught"], step
+        assert fo["longest_wait_past_verdict_s"] <= 15.0, step
+        assert [s["how"] for s in fo["streams"]].count("aborted") == 1, step
+        assert fo["loads_after"]["prefill/0"] == fo["loads_before"]["prefill/0"], step
+        assert fo["loads_after"]["decode/1"] == fo["loads_before"]["decode/1"], step
     # The other decode group served throughout (the router's requests all landed there).
     assert result.requests["router"]["sent"] > result.requests["router"]["failed"]

@@ -44,10 +44,12 @@ import yaml
 from lockstep import constants as c
 from lockstep.agent_client import agent_url
 from lockstep.dev.cluster import ChartOperator, DevCluster, restart_count, wait_for
-from lockstep.dev.faults import FaultKind, inject
+from lockstep.dev.faults import FaultKind, agent_token, group_pods, inject
 from lockstep.dev.procmem import tree_pss_mib
 from lockstep.dev.traffic import (
+    CLIENT_TIMEOUT_S,
     ROUTER,
+    Stream,
     Traffic,
     ready_leaders,
     request_log_arrivals,
@@ -94,12 +96,20 @@ REAL_SGLANG_SCENARIOS = (
     "pod-delete",
     "operator-crash",
 )
-# The `sequence` scenario: one incident after another in decode/0.
+# The `sequence` scenario: one incident after another in decode/0, through the router.
 SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
     ("Desynced", "desync"),
     ("Hung", "hang"),
     ("RankDown", "kill-rank"),
 )
+# On the stand-in (a restart costs seconds there) a deleted pod follows.
+STANDIN_SEQUENCE: tuple[tuple[str, FaultKind], ...] = (*SEQUENCE, ("RankDown", "delete-pod"))
+# How long a request caught by an incident may wait past the verdict before it is served
+# again through the router (the issue's bound; 3 s of it is the router's retry backoff).
+PAST_VERDICT_BOUND_S = {"standin": 5.0, "sglang": 15.0}
+# The long stream each incident of the sequence catches on decode/0 (tokens: long enough
+# to be under way when the fault lands, on each engine's speed here).
+STREAM_TOKENS = {"standin": 4000, "sglang": 1500}
 # The slow drill: legitimately long steps of these lengths, one after the other, under
 # the default step bounds (the issue's promise: no restart for steps up to 60 s).
 SLOW_STEPS: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0)
@@ -200,6 +210,9 @@ class DrillResult:
     maintenance: dict[str, Any] = field(default_factory=dict)
     # The scale drill: one entry per `kubectl scale` of a role's PDRoleScale.
     scaling: list[dict[str, Any]] = field(default_factory=list)
+    # Through the router, per incident: the requests it caught and how they ended, the
+    # longest wait past the verdict, the streams it caught, the serving groups' loads.
+    failover: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -276,6 +289,8 @@ class Drill:
         self.serving: list[tuple[float, bool]] = []
         # The scale drill: when each group was first seen Retiring (by poll()).
         self.retiring_since: dict[str, float] = {}
+        # Through the router: what each serving group holds while idle (/v1/loads).
+        self.idle_loads: dict[str, dict[str, int]] = {}
 
     # ----------------------------------------------------------------- helpers
 
@@ -439,12 +454,14 @@ class Drill:
                 self.result.time_to_ready_s = round(time.time() - applied, 1)
                 self._ready_figures(applied)
                 self.note("every group healthy and in the router; traffic through the router")
+                # What every serving group holds while nothing runs: a request caught by an
+                # incident must leave nothing behind on the groups that stay.
+                self.idle_loads = self.loads()
                 self.traffic = Traffic(
                     lambda: router_endpoint(self.cluster.pods(NAMESPACE, self.selector)),
                     concurrency=2,
-                    # Long enough to see how long a request caught by an incident really
-                    # waits through the real router (its figure); the stand-in's 5 s.
-                    timeout_s=30.0 if self.engine == "sglang" else 5.0,
+                    # A client that waits as a real one does (CLIENT_TIMEOUT_S, minutes):
+                    # how long a request caught by an incident waits is its figure.
                 ).start()
             else:
                 self.result.time_to_ready_s = round(time.time() - applied, 1)
@@ -567,6 +584,11 @@ class Drill:
                     "backoff": {"baseSeconds": 0, "maxSeconds": 0},
                 }
             }
+        if self.scenario == "sequence":
+            # Every incident of the sequence is a restart of one group within minutes:
+            # room for all of them in the restart budget (the flapping drill tests it).
+            budget = {"restarts": len(STANDIN_SEQUENCE) + 1, "windowSeconds": 3600}
+            return {"recovery": {"budget": budget}}
         return {}
 
     def _base_health(self) -> dict[str, Any]:
@@ -740,6 +762,8 @@ class Drill:
         epoch = int(self.group(AFFECTED).get("epoch", 0))
         seen = self.incident_count(AFFECTED)
         self.drained_at = self.readmitted_at = None
+        # Through the router, the incident also catches a long stream on decode/0.
+        streams = self._streams_on(AFFECTED) if self.router else []
         self.result.injected_at = time.time()
         self.first_injection = self.first_injection or self.result.injected_at
         if step_seconds is None:
@@ -792,7 +816,137 @@ class Drill:
             ]
         if self.router:
             checks += self._router_checks()
+            checks += self._failover_checks(inc, streams)
         return checks
+
+    # -------------------------------------------------- requests caught by an incident
+
+    def _leader_urls(self) -> dict[str, str]:
+        """`{"decode/0": "http://IP:30000"}` for every rank-0 pod with an address."""
+        out: dict[str, str] = {}
+        for pod in self.cluster.pods(NAMESPACE, f"{self.selector},{c.LABEL_RANK}=0"):
+            labels = pod["metadata"].get("labels") or {}
+            ip = (pod.get("status") or {}).get("podIP")
+            if ip and not pod["metadata"].get("deletionTimestamp"):
+                key = f"{labels.get(c.LABEL_ROLE)}/{labels.get(c.LABEL_GROUP)}"
+                out[key] = f"http://{ip}:{c.PORT_HTTP}"
+        return out
+
+    def loads(self) -> dict[str, dict[str, int]]:
+        """What each serving group's leader holds now (SGLang's `GET /v1/loads`)."""
+        out: dict[str, dict[str, int]] = {}
+        for key, url in sorted(self._leader_urls().items()):
+            try:
+                load = httpx.get(f"{url}/v1/loads", timeout=10, trust_env=False).json()
+                first = load["loads"][0]
+            except (httpx.HTTPError, ValueError, KeyError, IndexError):
+                continue
+            out[key] = {
+                "requests": int(first.get("num_running_reqs", 0))
+                + int(first.get("num_waiting_reqs", 0)),
+                "used_tokens": int(first.get("num_used_tokens", 0)),
+            }
+        return out
+
+    def _held_streams(self, key: str) -> int:
+        """Streams the group's leader holds (its runtime's `GET /lockstep/requests`)."""
+        url = self._leader_urls().get(key)
+        if url is None:
+            return 0
+        role, index = key.split("/")
+        pods = group_pods(self.cluster.core(), NAMESPACE, NAME, role, int(index))
+        token = agent_token(self.cluster.core(), pods[0]) if pods else ""
+        try:
+            held = httpx.get(
+                f"{url}/lockstep/requests",
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=5,
+                trust_env=False,
+            ).json()["requests"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            return 0
+        return sum(1 for r in held if r.get("stream"))
+
+    def _streams_on(self, key: str, tries: int = 8) -> list[Stream]:
+        """Long streams through the router until one is under way on `key` (the router
+        picks the decode); every one started is judged (those elsewhere must complete)."""
+        url = router_endpoint(self.cluster.pods(NAMESPACE, self.selector)).get(ROUTER)
+        if url is None:
+            return []
+        started: list[Stream] = []
+        for i in range(tries):
+            s = Stream(url, f"drill stream {i} {time.time():.3f}", STREAM_TOKENS[self.engine])
+            started.append(s.start())
+            s.started.wait(60)
+            if self._held_streams(key) > 0:
+                self.note(f"a long stream is under way on {key} ({i + 1} started)")
+                return started
+        self.note(f"no stream of {tries} landed on {key}")
+        return started
+
+    def _failover_checks(
+        self, inc: Mapping[str, Any], streams: Sequence[Stream]
+    ) -> list[tuple[bool, str]]:
+        """What the users of the served model saw of the incident: every request caught
+        by it ended 200, none waited long past the verdict, the stream it cut ended with
+        a visible error, and the groups that stayed hold nothing of it afterwards."""
+        assert self.traffic is not None
+        r = self.result
+        verdict_at = ts(inc.get("detectedTime")) or time.time()
+        injected = r.injected_at or verdict_at
+        drained = self.drained_at or verdict_at
+        # Every request in flight ends (the client waits up to CLIENT_TIMEOUT_S).
+        settled = self.traffic.quiesce(CLIENT_TIMEOUT_S + 10)
+        for s in streams:
+            s.join(CLIENT_TIMEOUT_S + 10)
+        caught = [o for o in self.traffic.outcomes_between(0.0, drained) if o.ended_at > injected]
+        waits = [o.ended_at - verdict_at for o in caught if o.ended_at > verdict_at]
+        longest = round(max(waits, default=0.0), 2)
+        caught_ok = sum(1 for o in caught if o.ok)
+        caught_failed = [
+            f"{round(o.sent_at - injected, 2)}s: {o.error}" for o in caught if not o.ok
+        ][:10]
+        loads = self.loads()
+        self.traffic.resume()
+        mine = [s for s in streams if s.how is not None]
+        cut = [s for s in mine if s.how != "completed"]
+        figures = {
+            "caught": len(caught),
+            "caught_ok": caught_ok,
+            "caught_failed": caught_failed,
+            "longest_wait_past_verdict_s": longest,
+            "streams": [
+                {"how": s.how, "tokens": s.tokens, "finish": s.finish, "error": s.error}
+                for s in streams
+            ],
+            "loads_before": self.idle_loads,
+            "loads_after": loads,
+        }
+        r.failover.append(figures)
+        bound = PAST_VERDICT_BOUND_S[self.engine]
+        stayed = {k: v for k, v in loads.items() if k != AFFECTED}
+        return [
+            (settled, "requests still in flight two minutes after the incident"),
+            (
+                all(o.ok for o in caught),
+                f"{len(caught) - caught_ok} of {len(caught)} request(s) caught by the "
+                f"incident did not end 200: {caught_failed}",
+            ),
+            (
+                longest <= bound,
+                f"a request caught by the incident waited {longest}s past the verdict "
+                f"(bound {bound}s)",
+            ),
+            (
+                len(cut) == 1 and cut[0].how == "aborted" and len(mine) == len(streams),
+                "the stream on decode/0 ended with the engine's abort event and every other "
+                f"completed: {[s.how for s in streams]}",
+            ),
+            (
+                all(stayed.get(k) == v for k, v in self.idle_loads.items() if k != AFFECTED),
+                f"the groups that stayed hold what they held before: {self.idle_loads} -> {loads}",
+            ),
+        ]
 
     def _judge_incident(self, inc: dict[str, Any]) -> None:
         r = self.result
@@ -833,8 +987,10 @@ class Drill:
         within `recovery.inPlace.escalationWindowSeconds` of an in-place restart, so (in
         InPlace mode) the next ones escalate to Recreate, as the design says."""
         checks: list[tuple[bool, str]] = []
-        for i, (verdict, kind) in enumerate(SEQUENCE):
+        sequence = SEQUENCE if self.engine == "sglang" else STANDIN_SEQUENCE
+        for i, (verdict, kind) in enumerate(sequence):
             self.note(f"next: {kind}")
+            # A deleted pod cannot restart in place; the rest escalate (see above).
             mode: RecoveryMode = self.recovery_mode if i == 0 else "Recreate"
             step = self._restart_checks(verdict, kind, mode)
             self._figures_now()
@@ -850,6 +1006,7 @@ class Drill:
                     "router_failed_before_drain": r.router_failed_before_drain,
                     "router_failed_after_drain": r.router_failed_after_drain,
                     "affected_received_while_drained": r.affected_received_while_drained,
+                    "failover": r.failover[-1] if r.failover else None,
                     "passed": all(ok for ok, _ in step),
                 }
             )

@@ -10,6 +10,13 @@ request logs (`request_log_arrivals`). Each target gets at most `concurrency` re
 in flight; outcomes are recorded per target with their times, so a drill can count
 failures inside and outside windows (before the drain, while drained, after
 re-admission).
+
+A figure is only as real as the client that measured it: by default a request waits as
+long as a real client would (`CLIENT_TIMEOUT_S`, two minutes), so one that would hang for
+minutes is seen hanging, and each outcome keeps when it ended, so a drill can say how
+long a request caught by an incident waited past the verdict. `Stream` is one streaming
+request read to its end, judged as a client would read it: completed, ended with the
+engine's abort event (visible), or cut (a truncated body: the failure a client may miss).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ Targets = Callable[[], dict[str, str]]  # group key ("decode/0") or "router" -> 
 ROUTER = "router"
 _SEQUENCE = itertools.count(1)
 MAX_NEW_TOKENS = 8
+# How long a drill's client waits for an answer: as a real client does, minutes.
+CLIENT_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,11 @@ class Outcome:
     ok: bool
     latency_s: float
     error: str | None = None
+    status: int | None = None  # None: no HTTP answer (a transport error, the timeout)
+
+    @property
+    def ended_at(self) -> float:
+        return self.sent_at + self.latency_s
 
 
 @dataclass
@@ -61,13 +75,15 @@ class Traffic:
 
     targets: Targets
     interval_s: float = 0.25
-    timeout_s: float = 5.0
+    timeout_s: float = CLIENT_TIMEOUT_S
     concurrency: int = 1
     clock: Callable[[], float] = time.time
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _paused: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _inflight: int = 0
 
     def start(self) -> Traffic:
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
@@ -78,6 +94,30 @@ class Traffic:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s + 5)
+
+    def quiesce(self, timeout_s: float) -> bool:
+        """Send nothing new and wait (up to `timeout_s`) until every request in flight has
+        ended; True when none is left. `resume` sends again."""
+        self._paused.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._inflight == 0:
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    def outcomes_between(self, since: float, until: float | None = None) -> list[Outcome]:
+        """Every request sent in [since, until) that has ended."""
+        with self._lock:
+            return [
+                o
+                for o in self.outcomes
+                if o.sent_at >= since and (until is None or o.sent_at < until)
+            ]
 
     def failures(self) -> list[Outcome]:
         """Every failed request so far, in the order they ended."""
@@ -109,6 +149,8 @@ class Traffic:
                     targets = await asyncio.to_thread(self.targets)
                 except Exception:  # the API server may be restarting in a drill
                     targets = {}
+                if self._paused.is_set():
+                    targets = {}
                 for group, url in targets.items():
                     for slot in range(self.concurrency):
                         task = inflight.get((group, slot))
@@ -128,9 +170,12 @@ class Traffic:
         # still generates all its tokens, as on the stand-in.
         params = {"max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
         body = {"text": text, "sampling_params": params}
-        ok, error = False, None
+        ok, error, status = False, None, None
+        with self._lock:
+            self._inflight += 1
         try:
             resp = await client.post(f"{url}/generate", json=body, timeout=self.timeout_s)
+            status = resp.status_code
             answer = resp.json() if resp.status_code == 200 else {}
             ok = isinstance(answer.get("text"), str) and (
                 answer.get("meta_info", {}).get("completion_tokens", MAX_NEW_TOKENS)
@@ -140,8 +185,100 @@ class Traffic:
                 error = f"HTTP {resp.status_code}: {resp.text[:120]}"
         except (httpx.HTTPError, ValueError) as err:
             error = f"{type(err).__name__}: {err}"
+        finally:
+            with self._lock:
+                self._inflight -= 1
         with self._lock:
-            self.outcomes.append(Outcome(group, sent, ok, time.monotonic() - start, error))
+            self.outcomes.append(Outcome(group, sent, ok, time.monotonic() - start, error, status))
+
+
+@dataclass
+class Stream:
+    """One streaming `/generate` request, read to its end on its own thread.
+
+    `how` once ended: "completed" (the engine's last event has a normal finish reason,
+    then `[DONE]`), "aborted" (the last event is the engine's abort, with its status: a
+    client sees it), "error" (an HTTP error status before any event), "cut" (the body
+    ended without `[DONE]`, or the connection broke: what a careless client takes for a
+    short answer).
+    """
+
+    url: str
+    text: str
+    max_new_tokens: int = 4000
+    timeout_s: float = CLIENT_TIMEOUT_S
+    how: str | None = None
+    status: int | None = None
+    finish: dict[str, Any] | None = None
+    tokens: int = 0
+    ended_at: float | None = None
+    started: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Stream:
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the end; True when it ended."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.how is not None
+
+    def _read(self) -> None:
+        body = {
+            "text": self.text,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": self.max_new_tokens, "ignore_eos": True},
+        }
+        events: list[str] = []
+        try:
+            with httpx.stream(
+                "POST", f"{self.url}/generate", json=body, timeout=self.timeout_s, trust_env=False
+            ) as resp:
+                self.status = resp.status_code
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[len("data: ") :])
+                        self.started.set()
+        except httpx.HTTPError as err:
+            self.error = f"{type(err).__name__}: {err}"[:200]
+        self.ended_at = time.time()
+        self.how = judge_stream(self.status, events, broke=self.error is not None)
+        last = _last_payload(events)
+        meta = last.get("meta_info") if isinstance(last, dict) else None
+        if isinstance(meta, dict):
+            self.finish = meta.get("finish_reason")
+            self.tokens = int(meta.get("completion_tokens") or 0)
+        self.started.set()
+
+
+def _last_payload(events: list[str]) -> Any:
+    for data in reversed(events):
+        if data != "[DONE]":
+            try:
+                return json.loads(data)
+            except ValueError:
+                return None
+    return None
+
+
+def judge_stream(status: int | None, events: list[str], *, broke: bool) -> str:
+    """How a streamed response ended, as a client reading it sees it (see `Stream`)."""
+    if status is not None and status != 200:
+        return "error"
+    if broke or not events or events[-1] != "[DONE]":
+        return "cut"
+    last = _last_payload(events)
+    if isinstance(last, dict) and "error" in last:
+        return "aborted"
+    meta = last.get("meta_info") if isinstance(last, dict) else None
+    finish = meta.get("finish_reason") if isinstance(meta, dict) else None
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        return "aborted"
+    return "completed"
 
 
 def ready_leaders(pods: list[dict[str, Any]]) -> dict[str, str]:
