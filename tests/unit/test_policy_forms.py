@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from factories import pdd_obj
+from factories import REPO, pdd_obj
 
 from lockstep.builders import build_group_pods
 from lockstep.models import parse_pddeployment
@@ -151,7 +151,10 @@ def test_each_safety_field_is_bounded_by_the_schema(field: str, value: int) -> N
 # ------------------------------------------------------------------ environment forms
 
 OWNED = ["SGLANG_ENABLE_RANK_CONSENSUS_CHECKER", "LOCKSTEP_GLOO_TIMEOUT_SECONDS",
-         "LOCKSTEP_AGENT_TOKEN", "LOCKSTEP_TEST_FAULT_FILE"]  # fmt: skip
+         "LOCKSTEP_AGENT_TOKEN", "LOCKSTEP_TEST_FAULT_FILE",
+         # lockstep's own runtime guard: the operator's in every mode, Warn included.
+         "LOCKSTEP_AGENT", "LOCKSTEP_CONSENSUS", "LOCKSTEP_PROBE_MAX_TIMEOUT_S",
+         "LOCKSTEP_EXIT_HOLD_S", "LOCKSTEP_STATE_DIR", "LOCKSTEP_NOT_YET_INVENTED"]  # fmt: skip
 SECRET_REF = {"secretKeyRef": {"name": "s", "key": "k"}}
 
 
@@ -171,11 +174,8 @@ def test_env_the_operator_sets_is_refused_as_a_value_or_a_reference(
     assert finding.action == "rejected" and finding.field == "spec.decode.env[0].name"
 
 
+# torch's guards (lockstep's own, LOCKSTEP_*, are operator-owned: above).
 GUARD_ENV = [
-    ("LOCKSTEP_CONSENSUS", "0"),
-    ("LOCKSTEP_PROBE_MAX_TIMEOUT_S", "100000"),
-    ("LOCKSTEP_EXIT_HOLD_S", "0"),
-    ("LOCKSTEP_STATE_DIR", "/tmp/elsewhere"),
     ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"),
     ("TORCH_NCCL_ENABLE_MONITORING", "0"),
     ("TORCH_NCCL_DUMP_ON_TIMEOUT", "0"),
@@ -227,3 +227,43 @@ def pdd_dict(mode: str, env: list[dict[str, Any]]) -> dict[str, Any]:
     obj = pdd_obj(safety={"mode": mode})
     obj["spec"]["decode"]["env"] = env
     return obj
+
+
+@pytest.mark.parametrize("source", ["value", "valueFrom"])
+def test_switching_the_pod_agent_off_is_refused_under_warn_too(source: str) -> None:
+    # Warn reports what it leaves unsafe; it does not let a spec switch a lockstep guard off.
+    var = (
+        {"name": "LOCKSTEP_AGENT", "value": "0"}
+        if source == "value"
+        else {"name": "LOCKSTEP_AGENT", "valueFrom": SECRET_REF}
+    )
+    result = evaluate(spec("Warn", env=[var]).spec)
+    (finding,) = findings(result, "operator-owned-env")
+    assert finding.action == "rejected" and not result.accepted
+    assert "pod agent" in finding.message and "every mode" in finding.message
+    assert finding.fix.startswith("remove LOCKSTEP_AGENT from env")
+    decision = review(pdd_dict("Warn", [var]))
+    assert not decision.allowed
+    assert "spec.decode.env[0].name" in decision.message and "LOCKSTEP_AGENT" in decision.message
+
+
+def test_every_setting_of_the_runtime_is_the_operators() -> None:
+    # Each LOCKSTEP_ variable lockstep's runtime reads is either set by the operator or
+    # described as a guard setting (the message says what it switches), and refused.
+    import re
+
+    from lockstep import constants as c
+    from lockstep.policy.engine import OWNED_ENV, RUNTIME_GUARD_ENV
+
+    runtime = REPO / "images" / "sglang" / "lockstep_sglang"
+    read = {
+        name
+        for path in runtime.glob("*.py")
+        for name in re.findall(r'"(LOCKSTEP_[A-Z_]+)"', path.read_text())
+    }
+    assert read, "no LOCKSTEP_ variable found in the runtime"
+    known = set(OWNED_ENV) | set(RUNTIME_GUARD_ENV) | {c.ENV_TEST_FAULT_FILE}
+    assert sorted(read - known) == []
+    for name in sorted(read):
+        result = evaluate(spec("Warn", env=[{"name": name, "value": "1"}]).spec)
+        assert not result.accepted, name

@@ -10,9 +10,11 @@ Modes (`spec.safety.mode`), for rules about *unsafe* settings:
 - `Warn`: report only, the argv is left as written.
 Rules about *invalid* input (unknown or misspelt flags, wrong value types, flags the
 operator owns, an unsupported SGLang version) refuse in every mode: SGLang would fail to
-start or the group would not rendezvous. Operator defaults for missing timeouts are
-filled in `Enforce` and `Reject` (filling a default overrides nothing the user wrote)
-and only reported in `Warn`.
+start or the group would not rendezvous. Every setting of lockstep's own runtime guard
+(`LOCKSTEP_*` env) is the operator's in every mode: `Warn` reports what it leaves unsafe,
+it does not let a spec switch a lockstep guard off. Operator defaults for missing
+timeouts are filled in `Enforce` and `Reject` (filling a default overrides nothing the
+user wrote) and only reported in `Warn`.
 
 Every rule is listed in `RULES` with the SGLang issues it comes from.
 """
@@ -115,13 +117,15 @@ RULES: dict[str, Rule] = {
         ),
         Rule(
             "operator-owned-env",
-            "Environment variables the operator sets for the runtime may not be overridden",
+            "Environment variables the operator sets for the runtime, and every setting of "
+            "lockstep's own runtime guard (LOCKSTEP_*: pod agent, consensus, probe, "
+            "timeouts, state dir), may not be set in a role's env, in any mode",
         ),
         Rule(
             "guard-env",
-            "Environment variables that switch off or loosen a guard (lockstep's runtime "
-            "settings, torch's NCCL error handling, monitor and flight recorder) are the "
-            "operator's: a bound holds in every form a setting can take",
+            "Environment variables that switch off or loosen torch's guards (NCCL error "
+            "handling, monitor and flight recorder): a bound holds in every form a setting "
+            "can take",
         ),
         Rule(
             "config-file",
@@ -163,11 +167,25 @@ OWNED_ENV = (
     c.ENV_AGENT_TOKEN,
 )
 
-# Environment that would loosen a guard, by name: what a value does (None: every value of
-# a `LOCKSTEP_` variable is the operator's), and the values that do it. Every other
-# `LOCKSTEP_` variable not in OWNED_ENV is a runtime setting of lockstep's own guard
-# (consensus, probe and exit-hold timeouts, state dir): the operator's too.
+# Every `LOCKSTEP_` variable is a setting of lockstep's own runtime (lockstep_sglang.config
+# and the modules it reads for): the operator's, in every mode. What each one guards, for
+# the message; one not listed is refused as "a setting of lockstep's runtime".
 GUARD_ENV_PREFIX = "LOCKSTEP_"
+RUNTIME_GUARD_ENV: dict[str, str] = {
+    "LOCKSTEP_AGENT": "starts the pod agent; 0 switches it off, and the operator can no "
+    "longer read the ranks' state, capture their stacks or restart the group in place",
+    "LOCKSTEP_AGENT_HOST": "is the pod agent's address; the operator reaches it on the pod's IP",
+    "LOCKSTEP_CONSENSUS": "switches the rank decision consensus; 0 switches it off, and a "
+    "desync is no longer ended at once",
+    "LOCKSTEP_CONSENSUS_PAUSE_S": "paces the ranks' decision comparisons; longer lets a "
+    "desync run longer",
+    "LOCKSTEP_GLOO_TIMEOUT_S": "caps SGLang's gloo CPU groups; the operator sets it from "
+    "spec.safety.glooTimeoutSeconds",
+    "LOCKSTEP_PROBE_TIMEOUT_S": "is the deep probe's default timeout",
+    "LOCKSTEP_PROBE_MAX_TIMEOUT_S": "bounds the deep probe's timeout",
+    "LOCKSTEP_EXIT_HOLD_S": "is how long a pod keeps serving its evidence after the server ends",
+    "LOCKSTEP_STATE_DIR": "is where the ranks publish the state the pod agent serves",
+}
 NCCL_GUARD_ENV: dict[str, str] = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "a timed-out NCCL collective no longer ends the "
     "process, so a wedged rank waits forever instead of failing",
@@ -622,21 +640,28 @@ def _check_env(ctx: _Ctx) -> None:
                 f"{var.name} is set by the operator",
                 "remove it (see spec.safety for the settings behind it)",
             )
+        elif var.name.startswith(GUARD_ENV_PREFIX):
+            # Refused in every mode, whether a value or valueFrom (which the policy cannot
+            # read): a spec does not switch a lockstep guard off, Warn included.
+            what = RUNTIME_GUARD_ENV.get(var.name, "is a setting of lockstep's runtime")
+            ctx.invalid(
+                "operator-owned-env",
+                f"spec.{ctx.role_name}.env[{i}].name",
+                f"{var.name} {what}: lockstep's runtime guard is the operator's, in every mode",
+                f"remove {var.name} from env (lockstep's guards are set through spec.safety "
+                "and spec.health)",
+            )
         else:
             _check_guard_env(ctx, i, var)
 
 
 def _check_guard_env(ctx: _Ctx, index: int, var: EnvVar) -> None:
-    """An env var that loosens a guard: dropped (Enforce), refused (Reject) or reported
-    (Warn), whether given as a value or through valueFrom (which the policy cannot read)."""
+    """An env var that loosens torch's guards: dropped (Enforce), refused (Reject) or
+    reported (Warn), whether given as a value or through valueFrom (which the policy cannot
+    read)."""
     fld = f"spec.{ctx.role_name}.env[{index}]"
     shown = "valueFrom (not visible to the policy)" if var.value_from is not None else var.value
-    if var.name.startswith(GUARD_ENV_PREFIX):
-        what = (
-            f"{var.name}={shown} changes a setting of lockstep's own runtime guard; "
-            "its guards are set through spec.safety and spec.health"
-        )
-    elif var.name in NCCL_GUARD_ENV and (
+    if var.name in NCCL_GUARD_ENV and (
         var.value_from is not None or (var.value or "").strip() in NCCL_GUARD_OFF
     ):
         what = f"{var.name}={shown}: {NCCL_GUARD_ENV[var.name]}"
