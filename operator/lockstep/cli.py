@@ -22,6 +22,7 @@ import yaml
 from lockstep import constants as c
 from lockstep.builders import build_all
 from lockstep.crd import CRD_YAML_BY_KIND
+from lockstep.k8s_rules import FIX_IMAGE, image_reference
 from lockstep.models import InvalidPDDeployment, PDDeployment, parse_pddeployment
 from lockstep.policy import PolicyResult, evaluate
 
@@ -58,7 +59,7 @@ def _with_mode(obj: dict[str, Any], mode: str | None) -> dict[str, Any]:
 def _spec_findings(err: InvalidPDDeployment) -> list[dict[str, Any]]:
     return [
         {
-            "rule": "schema",
+            "rule": p.rule,
             "severity": "error",
             "field": p.field,
             "message": p.message,
@@ -120,6 +121,16 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) until interrupted."""
+    if args.runtime_image is not None:
+        why = image_reference(args.runtime_image)
+        if why is not None:
+            # Every injected pod would end in InvalidImageName: refuse to start instead.
+            print(
+                f"lockstep operator: --runtime-image {args.runtime_image!r} {why} (fix: "
+                f"{FIX_IMAGE})",
+                file=sys.stderr,
+            )
+            return EXIT_UNREADABLE
     import logging
 
     import kopf

@@ -57,7 +57,7 @@ from lockstep.models import (
     parse_pddeployment,
     with_runtime_image,
 )
-from lockstep.policy import PolicyResult, evaluate
+from lockstep.policy import PolicyResult, evaluate, watchdog_seconds
 from lockstep.prober import ProbeBook, ProbeSample, ProbeTarget
 from lockstep.reconcile import ReconcilePlan, label, plan_reconcile, plan_router, pods_by_group
 from lockstep.records import (
@@ -199,11 +199,14 @@ class RoundResult:
 # --------------------------------------------------------------------- observing
 
 
-def step_bounds(pdd: PDDeployment) -> StepBounds:
-    """The deployment's `spec.health.stepBounds` (the cap defaults to the watchdog)."""
+def step_bounds(pdd: PDDeployment, watchdog: float | None = None) -> StepBounds:
+    """The deployment's `spec.health.stepBounds` for a role whose SGLang runs with
+    `watchdog` seconds (its `--watchdog-timeout`; None: spec.safety.watchdogTimeoutSeconds):
+    the cap defaults to that watchdog, where SGLang ends a step. The policy refuses bounds
+    above the watchdog (rule step-bounds), so none is clamped here."""
     spec = pdd.spec.health.step_bounds
-    cap = spec.max_seconds or pdd.spec.safety.watchdog_timeout_seconds
-    return StepBounds(spec.multiplier, min(spec.min_seconds, cap), cap)
+    cap = spec.max_seconds or watchdog or pdd.spec.safety.watchdog_timeout_seconds
+    return StepBounds(spec.multiplier, spec.min_seconds, cap)
 
 
 def _to_wall(sample: ProbeSample, rt: Runtime) -> float:
@@ -464,8 +467,6 @@ def _run_round(
         slots=current_slots,
         replicas={str(k): v for k, v in wanted.items()},
     ).stale_groups
-    steps = step_bounds(pdd)
-
     deps = rt.deps
 
     def token() -> str:
@@ -474,6 +475,7 @@ def _run_round(
     retiring: set[GroupId] = set()
     for role in roles:
         spec_role = pdd.spec.role(role)
+        steps = step_bounds(pdd, watchdog_seconds(policy.roles[role].argv))
         replicas = 0 if pdd.spec.paused else wanted[role]
         # Groups beyond replicas (a scale-down) stay planned until they have left: drained
         # first, then deleted (`recovery`); paused deployments delete at once.

@@ -7,17 +7,19 @@ wire (aliases) and snake_case in Python.
 
 Validation happens in two passes, both reported with the field path and the fix:
 1. the schema (types, enums, bounds, unknown fields) by pydantic;
-2. cross-field rules (`cross_field_problems`), e.g. `tp == gpusPerPod * podsPerGroup`.
+2. cross-field rules (`cross_field_problems`), e.g. `tp == gpusPerPod * podsPerGroup`,
+   and Kubernetes' own rules (`lockstep.k8s_rules`) for every value that goes into a
+   Kubernetes object: names, label keys and values, node selectors, tolerations,
+   quantities, env var names and sources, image references, paths in the container.
 `parse_pddeployment` runs both and raises `InvalidPDDeployment` listing every problem.
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSche
 from pydantic.alias_generators import to_camel
 
 from lockstep import constants as c
+from lockstep import k8s_rules as k8s
 
 # Kubernetes resource quantities are written as integers or strings ("8", 8, "64Gi").
 Quantity = Annotated[
@@ -32,10 +35,18 @@ Quantity = Annotated[
     WithJsonSchema({"x-kubernetes-int-or-string": True}),
 ]
 
-# metadata.name feeds pod names `<name>-<role>-<group>-<rank>` and per-group Service
-# names, which must stay DNS-1035 labels of at most 63 characters.
+# metadata.name feeds pod names `<name>-<role>-<group>[b]-<rank>` (hostnames: DNS-1123
+# labels of at most 63 characters; up to 16 characters longer than the name with 512
+# groups of 32 pods), per-group Service names (DNS-1035 labels) and the Kueue pod-group
+# label `<name>-<role>-<group>-e<epoch>` (a label value of at most 63 characters: 40 keeps
+# nine digits of epoch).
 MAX_NAME_LENGTH = 40
-DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+SGLANG_VERSION_PATTERN = r"^\d+\.\d+\.\d+$"
+
+# Kueue's queue-name label names a LocalQueue: a DNS-1123 subdomain, and a label value of
+# at most 63 characters (the CRD carries the same pattern).
+KUEUE_QUEUE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class _Model(BaseModel):
@@ -162,8 +173,9 @@ class KueueGang(_Model):
     queue_name: str = Field(
         min_length=1,
         max_length=63,
-        pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
-        description="The Kueue LocalQueue of this role's pods (label kueue.x-k8s.io/queue-name).",
+        pattern=KUEUE_QUEUE_PATTERN,
+        description="The Kueue LocalQueue of this role's pods (label kueue.x-k8s.io/queue-name): "
+        "a lowercase DNS-1123 subdomain of at most 63 characters.",
     )
 
 
@@ -363,14 +375,16 @@ class StepBoundsSpec(_Model):
         ge=1,
         le=86400,
         description="A step is never called hung before this (above your longest legitimate "
-        "step: a first long step has no recent ones to go by).",
+        "step: a first long step has no recent ones to go by). At most maxSeconds and each "
+        "role's watchdog (--watchdog-timeout, else spec.safety.watchdogTimeoutSeconds).",
     )
     max_seconds: int | None = Field(
         None,
         ge=1,
         le=86400,
-        description="A step is always called hung past this (default: "
-        "spec.safety.watchdogTimeoutSeconds, where SGLang's own watchdog ends it).",
+        description="A step is always called hung past this (default: the role's watchdog, "
+        "--watchdog-timeout, else spec.safety.watchdogTimeoutSeconds, where SGLang's own "
+        "watchdog ends it). At most each role's watchdog.",
     )
 
 
@@ -520,7 +534,9 @@ class RuntimeSpec(_Model):
     python: str = Field(
         "python3",
         min_length=1,
-        description="The Python interpreter of spec.image that runs the injected launcher.",
+        description="The Python interpreter of spec.image that runs the injected launcher: "
+        "an absolute path (/usr/bin/python3) or a command on the image's PATH (python3), "
+        "with no arguments.",
     )
 
 
@@ -543,7 +559,7 @@ class PDDeploymentSpec(_Model):
     )
     sglang_version: str | None = Field(
         None,
-        pattern=r"^\d+\.\d+\.\d+$",
+        pattern=SGLANG_VERSION_PATTERN,
         description="The SGLang release inside spec.image (the flag table, rules and pins "
         "it is judged by); default: the release the image tag names (v0.5.23-cu130), else "
         "the newest supported. The launcher refuses an image that runs another release.",
@@ -752,6 +768,9 @@ class SpecProblem:
     field: str
     message: str
     fix: str
+    # "schema": the CR's own rules; "kubernetes": a value Kubernetes (the API server, the
+    # kubelet, Kueue) would refuse in the objects the operator writes.
+    rule: str = "schema"
 
     def __str__(self) -> str:
         return f"{self.field}: {self.message} (fix: {self.fix})"
@@ -792,13 +811,18 @@ def cross_field_problems(pdd: PDDeployment) -> list[SpecProblem]:
     """Rules that span fields; each problem names the field to change."""
     problems: list[SpecProblem] = []
     name = pdd.metadata.name
-    if len(name) > MAX_NAME_LENGTH or not DNS_1035.match(name):
+    why = k8s.dns1035_label(name)
+    if why is None and len(name) > MAX_NAME_LENGTH:
+        why = f"has {len(name)} characters"
+    if why is not None:
         problems.append(
             SpecProblem(
                 "metadata.name",
-                f"{name!r} must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
-                "(it prefixes pod and Service names)",
-                "use lowercase letters, digits and '-', starting with a letter",
+                f"{name!r} {why}: the name prefixes the pod names <name>-<role>-<group>-"
+                "<rank> (hostnames of at most 63 characters), the group Services (DNS-1035 "
+                "labels) and the Kueue pod-group labels, so it must be a DNS-1035 label of "
+                f"at most {MAX_NAME_LENGTH} characters",
+                f"use at most {MAX_NAME_LENGTH} characters; {k8s.FIX_DNS1035_LABEL}",
             )
         )
     spec = pdd.spec
@@ -917,7 +941,205 @@ def cross_field_problems(pdd: PDDeployment) -> list[SpecProblem]:
                 "keep one of them",
             )
         )
+    steps = spec.health.step_bounds
+    if steps.max_seconds is not None and steps.min_seconds > steps.max_seconds:
+        # A step is never hung before minSeconds and always hung past maxSeconds: both
+        # cannot hold, and lockstep does not pick one for you.
+        problems.append(
+            SpecProblem(
+                "spec.health.stepBounds.minSeconds",
+                f"{steps.min_seconds}s is above maxSeconds {steps.max_seconds}s",
+                "make minSeconds <= maxSeconds",
+            )
+        )
+    problems.extend(kubernetes_problems(pdd))
     return problems
+
+
+# ---------------------------------------------------- values Kubernetes must accept
+
+# The paths the operator mounts into the SGLang container itself.
+RESERVED_MOUNT_PATHS = ("/dev/shm", c.RUNTIME_MOUNT)
+
+
+def kubernetes_problems(pdd: PDDeployment) -> list[SpecProblem]:
+    """Every value of the spec the operator writes into a Kubernetes object, checked with
+    Kubernetes' own rules (`lockstep.k8s_rules`): what the API server, the kubelet or
+    Kueue would refuse on every pod is refused here, naming the field and the fix."""
+    spec = pdd.spec
+    found: list[tuple[str, str, str]] = []
+
+    def add(field: str, violations: list[k8s.Violation]) -> None:
+        found.extend((field + v.path, v.message, v.fix) for v in violations)
+
+    def check(
+        field: str, value: str, rule: Callable[[str], str | None], what: str, fix: str
+    ) -> None:
+        why = rule(value)
+        if why is not None:
+            found.append((field, f"{value!r} is not {what}: it {why}", fix))
+
+    # The runtime's image and Python are used only when the runtime is injected.
+    injected = spec.runtime.inject
+    for fld, image in (
+        ("spec.image", spec.image),
+        ("spec.runtime.image", spec.runtime.image if injected else None),
+        ("spec.router.image", spec.router.image),
+    ):
+        if image is not None:
+            check(fld, image, k8s.image_reference, "an image reference", k8s.FIX_IMAGE)
+    if injected:
+        found.extend(_runtime_python_problems(spec.runtime.python))
+    weights = spec.model.weights
+    if weights is not None:
+        found.extend(_weights_problems(weights))
+    for role_name in c.ROLES:
+        role = spec.role(role_name)
+        path = f"spec.{role_name}"
+        for key, value in role.node_selector.items():
+            check(f"{path}.nodeSelector", key, k8s.qualified_name, "a label key", k8s.FIX_LABEL_KEY)
+            check(
+                f"{path}.nodeSelector.{key}", value, k8s.label_value, "a label value",
+                k8s.FIX_LABEL_VALUE,
+            )  # fmt: skip
+        for i, t in enumerate(role.tolerations):
+            add(
+                f"{path}.tolerations[{i}]",
+                k8s.toleration(t.key, t.operator, t.value, t.effect, t.toleration_seconds),
+            )
+        if role.priority_class_name is not None:
+            check(
+                f"{path}.priorityClassName", role.priority_class_name, k8s.dns1123_subdomain,
+                "a PriorityClass name", k8s.FIX_DNS1123_SUBDOMAIN,
+            )  # fmt: skip
+        placement = role.placement
+        if placement.topology_key is not None:
+            check(
+                f"{path}.placement.topologyKey", placement.topology_key, k8s.qualified_name,
+                "a node label key", k8s.FIX_LABEL_KEY,
+            )  # fmt: skip
+        for i, spread in enumerate(placement.spread):
+            check(
+                f"{path}.placement.spread[{i}].topologyKey", spread.topology_key,
+                k8s.qualified_name, "a node label key", k8s.FIX_LABEL_KEY,
+            )  # fmt: skip
+        if placement.scheduler_name is not None:
+            check(
+                f"{path}.placement.schedulerName", placement.scheduler_name,
+                k8s.dns1123_subdomain, "a scheduler name", k8s.FIX_DNS1123_SUBDOMAIN,
+            )  # fmt: skip
+        if placement.node_affinity:
+            add(f"{path}.placement.nodeAffinity", k8s.node_affinity(placement.node_affinity))
+        requests, limits = role.resources.requests, role.resources.limits
+        add(
+            f"{path}.resources",
+            k8s.container_resources(
+                {k: v for k, v in requests.items() if k != GPU_RESOURCE},
+                {k: v for k, v in limits.items() if k != GPU_RESOURCE},
+            ),
+        )
+        for kind, given in (
+            ("requests", role.resources.requests),
+            ("limits", role.resources.limits),
+        ):
+            if GPU_RESOURCE in given:
+                found.append(
+                    (
+                        f"{path}.resources.{kind}.{GPU_RESOURCE}",
+                        "is set by the operator from gpusPerPod (the value here would be replaced)",
+                        f"remove it; set {path}.gpusPerPod instead",
+                    )
+                )
+        for i, var in enumerate(role.env):
+            check(
+                f"{path}.env[{i}].name", var.name, k8s.env_var_name,
+                "an environment variable name", k8s.FIX_ENV_VAR_NAME,
+            )  # fmt: skip
+            if var.value_from is not None:
+                if var.value:
+                    found.append(
+                        (
+                            f"{path}.env[{i}]",
+                            "sets both value and valueFrom",
+                            "keep one of them",
+                        )
+                    )
+                # "sglang": the container the builders put the role's env into.
+                add(f"{path}.env[{i}].valueFrom", k8s.env_var_source(var.value_from, "sglang"))
+    return [SpecProblem(f, m, fix, rule="kubernetes") for f, m, fix in found]
+
+
+# The GPU resource the operator sets from gpusPerPod.
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _runtime_python_problems(python: str) -> list[tuple[str, str, str]]:
+    """`spec.runtime.python` is the SGLang container's command[0]: the container runtime
+    executes it as one file, found on the image's PATH only when it has no '/'."""
+    fld = "spec.runtime.python"
+    fix = "use an absolute path (e.g. /usr/bin/python3) or a command on the image's PATH (python3)"
+    if not python.strip() or python != python.strip() or any(ch.isspace() for ch in python):
+        return [
+            (
+                fld,
+                f"{python!r} holds whitespace: it is executed as one file name, with no "
+                "shell to split off arguments",
+                fix,
+            )
+        ]
+    if "/" in python and not python.startswith("/"):
+        return [
+            (
+                fld,
+                f"{python!r} is a relative path: it would be looked up from the image's "
+                "working directory, which the operator does not know",
+                fix,
+            )
+        ]
+    if python.startswith("~") or "$" in python:
+        return [(fld, f"{python!r} needs a shell to expand it; none runs it", fix)]
+    return []
+
+
+def _weights_problems(weights: WeightsVolume) -> list[tuple[str, str, str]]:
+    out: list[tuple[str, str, str]] = []
+    fld = "spec.model.weights"
+    mount = weights.mount_path
+    if not mount.startswith("/") or "/../" in f"{mount}/":
+        out.append(
+            (
+                f"{fld}.mountPath",
+                f"{mount!r} is not an absolute path without '..'",
+                "use an absolute path, e.g. /models",
+            )
+        )
+    elif mount.rstrip("/") in RESERVED_MOUNT_PATHS:
+        out.append(
+            (
+                f"{fld}.mountPath",
+                f"{mount!r} is where the operator mounts its own volume",
+                "use another path, e.g. /models",
+            )
+        )
+    host = weights.host_path
+    if host is not None and (not host.startswith("/") or "/../" in f"{host}/"):
+        out.append(
+            (
+                f"{fld}.hostPath",
+                f"{host!r} is not an absolute path without '..'",
+                "use the absolute path of the directory on the node",
+            )
+        )
+    claim = weights.persistent_volume_claim
+    if claim is not None and (why := k8s.dns1123_subdomain(claim)) is not None:
+        out.append(
+            (
+                f"{fld}.persistentVolumeClaim",
+                f"{claim!r} is not a PersistentVolumeClaim name: it {why}",
+                k8s.FIX_DNS1123_SUBDOMAIN,
+            )
+        )
+    return out
 
 
 # --------------------------------------------------------- pydantic error mapping
@@ -936,6 +1158,15 @@ _FIXES: dict[str, str] = {
     "model_attributes_type": "use a mapping of the documented fields",
     "float_type": "use a number",
     "float_parsing": "use a number",
+}
+
+
+# What to write instead of a string that does not match a field's pattern.
+_PATTERN_FIXES: dict[str, str] = {
+    KUEUE_QUEUE_PATTERN: "use the name of a Kueue LocalQueue: at most 63 lowercase letters, "
+    "digits, '-' and '.', each dot-separated part starting and ending with a letter or digit "
+    "(e.g. team-a-gpu)",
+    SGLANG_VERSION_PATTERN: "use a release number such as 0.5.23",
 }
 
 
@@ -961,6 +1192,8 @@ def _schema_problems(err: ValidationError) -> list[SpecProblem]:
             fix = "give it a value"
         elif kind in ("too_long", "string_too_long"):
             fix = "shorten it"
+        elif kind == "string_pattern_mismatch":
+            fix = _PATTERN_FIXES.get(str(ctx.get("pattern")), "see `lockstep crd` for the schema")
         else:
             fix = _FIXES.get(kind, "see `lockstep crd` for the schema")
         problems.append(SpecProblem(path, e["msg"], fix))

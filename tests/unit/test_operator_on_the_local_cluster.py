@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from lockstep.cli import build_parser
+from lockstep.dev.drills import NODE_SCENARIOS, SCENARIOS
 from lockstep.localcluster.engines import ContainerContext, engine
 from lockstep.localcluster.kubelet import local_argv
 from lockstep.localcluster.serviceproxy import RouteError, resolve
@@ -89,3 +90,56 @@ def test_a_service_without_a_ready_pod_or_port_is_refused_by_name() -> None:
         resolve([SERVICE], pods_of([pod("starting", "127.0.64.2", ready=False)]), "10.0.0.7", 443)
     with pytest.raises(RouteError, match="no port 80"):
         resolve([SERVICE], pods_of([]), "10.0.0.7", 80)
+
+
+# ------------------------------------------------------------- the image's own env
+
+DRILL_SCENARIOS = sorted({*SCENARIOS, *NODE_SCENARIOS})
+
+SGLANG_POD = {
+    "name": "sglang",
+    "command": ["lockstep-sglang"],
+    "args": ["--tp-size", "1"],
+    "env": [{"name": "HF_HOME", "value": "/cache"}],
+}
+
+
+def test_the_local_image_env_reaches_sglang_containers_under_their_own_env() -> None:
+    eng = engine("standin", {"LOCKSTEP_CONSENSUS": "0", "HF_HOME": "/image"})
+    argv = local_argv(SGLANG_POD, {}, eng.commands)
+    ctx = ContainerContext(SGLANG_POD, {}, "127.0.64.9", Path("/nonexistent"))
+    _, env = eng.complete(argv, {"HF_HOME": "/cache"}, ctx)
+    # As a Dockerfile's ENV: under the container's own env, which wins.
+    assert env["LOCKSTEP_CONSENSUS"] == "0" and env["HF_HOME"] == "/cache"
+    # Not the operator's container, nor any other.
+    op_argv = local_argv(OPERATOR, {}, eng.commands)
+    op_ctx = ContainerContext(OPERATOR, {}, "127.0.64.9", Path("/nonexistent"))
+    assert "LOCKSTEP_CONSENSUS" not in eng.complete(op_argv, {}, op_ctx)[1]
+    # By default an image carries none.
+    assert "LOCKSTEP_CONSENSUS" not in engine("standin").complete(argv, {}, ctx)[1]
+
+
+@pytest.mark.parametrize("scenario", DRILL_SCENARIOS)
+def test_every_drill_deployment_passes_the_models_and_the_policy(
+    scenario: str, tmp_path: Path
+) -> None:
+    # The drills (e2e tier) run these specs through the webhook and the operator.
+    from lockstep.dev.drills import REAL_SGLANG_SCENARIOS, Drill, drill_spec
+    from lockstep.webhook import review
+
+    engines = ["standin", *(["sglang"] if scenario in REAL_SGLANG_SCENARIOS else [])]
+    for name in engines:
+        for router in (False, True):
+            kind: Any = name
+            drill = Drill(scenario, workdir=tmp_path, engine=kind, router=router)
+            decision = review(drill_spec(**drill.spec_overrides()))
+            assert decision.allowed, (scenario, name, router, decision.message)
+
+
+def test_the_baseline_drill_runs_without_the_consensus_from_the_image(tmp_path: Path) -> None:
+    from lockstep.dev.drills import Drill
+
+    drill = Drill("baseline", workdir=tmp_path)
+    assert drill.cluster.image_env == {"LOCKSTEP_CONSENSUS": "0"}
+    overrides = drill.spec_overrides()
+    assert all("env" not in overrides.get(role, {}) for role in ("prefill", "decode"))

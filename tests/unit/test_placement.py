@@ -213,7 +213,21 @@ def test_placement_leaves_the_template_hash_alone_across_epochs() -> None:
     [
         ("topologyKey", ZONE),
         ("spread", [{"topologyKey": ZONE}]),
-        ("nodeAffinity", {"requiredDuringSchedulingIgnoredDuringExecution": {}}),
+        (
+            # Another pool (an empty nodeSelectorTerms is refused, as the API server does).
+            "nodeAffinity",
+            {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "pool", "operator": "In", "values": ["b200"]}
+                            ]
+                        }
+                    ]
+                }
+            },
+        ),
         ("schedulerName", "kueue-scheduler"),
         ("gang", {"kueue": {"queueName": "other"}}),
     ],

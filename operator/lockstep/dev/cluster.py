@@ -398,6 +398,7 @@ class DevCluster:
         before_operator: Callable[[LocalControlPlane], Path | None] | None = None,
         engine: EngineName = "standin",
         operator: OperatorMode = "chart",
+        image_env: Mapping[str, str] | None = None,
     ) -> None:
         """`operator` is how the operator runs (see the module docstring: `chart`, the
         default, or `process`); `before_operator` (process mode only) runs once the
@@ -405,7 +406,9 @@ class DevCluster:
         use instead of the admin one (e.g. the chart's ServiceAccount bound to the
         chart's RBAC, for the least-privilege drill); `audit_log` turns the API server's
         audit log on; `engine` is what SGLang pods run (`standin`, or `sglang`: the real
-        server on CPU, see :mod:`lockstep.localcluster.engines`).
+        server on CPU, see :mod:`lockstep.localcluster.engines`); `image_env` is env the
+        local SGLang image carries (the baseline drill's runtime without lockstep's
+        consensus: a PDDeployment may not switch it off).
 
         Nodes are `lockstep-gpu-0` ... `lockstep-gpu-<nodes - 1>` (`node_names`), each
         with `gpus_per_node` GPUs. `racks` spreads them over that many racks round-robin
@@ -423,6 +426,7 @@ class DevCluster:
         self.audit_log = audit_log
         self.before_operator = before_operator
         self.engine = engine
+        self.image_env = dict(image_env or {})
         self._stack = ExitStack()
         self.cp: LocalControlPlane | None = None
         self.kubelet: ProcessKubelet | None = None
@@ -462,7 +466,7 @@ class DevCluster:
                     shape=NodeShape(gpus=self.gpus_per_node),
                     node_labels=self.node_labels,
                     root_dir=self.workdir / "kubelet",
-                    engine=engine(self.engine),
+                    engine=engine(self.engine, self.image_env),
                 )
             )
             if self.operator_mode == "chart":

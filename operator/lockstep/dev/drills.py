@@ -267,6 +267,11 @@ class Drill:
             options.setdefault("racks", 2)
         if scenario == "unplaceable":
             recovery_mode = "Recreate"  # the restart must place new pods
+        if scenario == "baseline":
+            # SGLang without lockstep's decision consensus (plain SGLang has none in its
+            # loops): an image that carries it off, since no PDDeployment may switch a
+            # lockstep guard off (policy rule operator-owned-env).
+            options.setdefault("image_env", {"LOCKSTEP_CONSENSUS": "0"})
         if scenario in ("node-drain", "scale"):
             router = True  # the promises are about requests through the router
         self._own_dir = workdir is None
@@ -558,10 +563,9 @@ class Drill:
                 },
             }
         if self.scenario == "baseline":
-            # The alternative without lockstep: the runtime's decision consensus off (plain
-            # SGLang has none in its loops), SGLang's gloo timeout left long, and nobody
+            # The alternative without lockstep: the runtime's decision consensus off (the
+            # image's env, see __init__), SGLang's gloo timeout left long, and nobody
             # restarts the group (the operator only observes).
-            no_guard = [{"name": "LOCKSTEP_CONSENSUS", "value": "0"}]
             return {
                 "safety": {
                     "mode": "Warn",
@@ -569,8 +573,6 @@ class Drill:
                     "glooTimeoutSeconds": 3600,
                 },
                 "recovery": {"policy": "ObserveOnly"},
-                "prefill": {"env": no_guard},
-                "decode": {"env": no_guard},
             }
         if self.scenario == "slow" and self.step_bounds is None:
             # The slow drill judges the defaults (90 s floor), not the drill's own 10 s.

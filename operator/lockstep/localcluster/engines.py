@@ -106,11 +106,16 @@ class ContainerContext:
 
 @dataclass(frozen=True)
 class Engine:
-    """An entrypoint table and how a mapped container's argv and env are completed."""
+    """An entrypoint table and how a mapped container's argv and env are completed.
+
+    `image_env`: environment the local SGLang image carries, as a Dockerfile's ENV would
+    (a container's own env wins): how the baseline drill runs SGLang pods without
+    lockstep's consensus, which no PDDeployment may switch off."""
 
     name: EngineName
     commands: CommandTable
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
+    image_env: Mapping[str, str] = field(default_factory=dict)
 
     def complete(
         self, argv: list[str], env: dict[str, str], ctx: ContainerContext
@@ -121,6 +126,9 @@ class Engine:
                 argv = [*argv, f"{BIND_ADDRESS_FLAG}={ctx.pod_ip}"]
             return argv, env
         injected = _injected_launch(ctx)
+        if self.image_env and _runs_sglang(argv, injected):
+            own = {str(e.get("name")) for e in ctx.container.get("env") or []}
+            env = {**env, **{k: v for k, v in self.image_env.items() if k not in own}}
         if injected is not None:
             launch = Path(injected)
             if not launch.is_file() or not (launch.parent / "lockstep_sglang").is_dir():
@@ -148,6 +156,18 @@ class Engine:
         return argv, env
 
 
+def _runs_sglang(argv: Sequence[str], injected: str | None) -> bool:
+    """Whether a mapped argv runs an SGLang server (the stand-in or the launcher)."""
+    return (
+        tuple(argv[: len(STANDIN)]) == STANDIN
+        or tuple(argv[: len(LAUNCHER)]) == LAUNCHER
+        or (
+            injected is not None
+            and list(argv[:2]) in ([sys.executable, injected], [sys.executable, INJECTED_LAUNCH])
+        )
+    )
+
+
 def _injected_launch(ctx: ContainerContext) -> str | None:
     """The local path of the injected launcher when the container runs it."""
     command = list(ctx.container.get("command") or [])
@@ -165,8 +185,9 @@ def _flag_value(argv: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def engine(name: EngineName = "standin") -> Engine:
-    """The engine called `name`; the router's entrypoint is the real router either way."""
+def engine(name: EngineName = "standin", image_env: Mapping[str, str] | None = None) -> Engine:
+    """The engine called `name` (`image_env`: see `Engine`); the router's entrypoint is
+    the real router either way."""
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
     commands: dict[tuple[str, ...], Sequence[str]] = {
@@ -177,4 +198,4 @@ def engine(name: EngineName = "standin") -> Engine:
         ("python3", "-m", ROUTER_MODULE): (sys.executable, "-m", ROUTER_MODULE),
         OPERATOR_ENTRYPOINT: OPERATOR,
     }
-    return Engine(name, commands)
+    return Engine(name, commands, image_env=dict(image_env or {}))

@@ -9,6 +9,7 @@ from lockstep.policy.engine import (
     evaluate,
     image_sglang_version,
     sglang_version,
+    watchdog_seconds,
 )
 from lockstep.policy.flags import FlagTable, load_flag_table, supported_versions
 
@@ -24,4 +25,5 @@ __all__ = [
     "load_flag_table",
     "sglang_version",
     "supported_versions",
+    "watchdog_seconds",
 ]

@@ -9,18 +9,23 @@ Modes (`spec.safety.mode`), for rules about *unsafe* settings:
 - `Reject`: refuse the spec, the finding's fix says what to write instead;
 - `Warn`: report only, the argv is left as written.
 Rules about *invalid* input (unknown or misspelt flags, wrong value types, flags the
-operator owns, an unsupported SGLang version) refuse in every mode: SGLang would fail to
-start or the group would not rendezvous. Operator defaults for missing timeouts are
-filled in `Enforce` and `Reject` (filling a default overrides nothing the user wrote)
-and only reported in `Warn`.
+operator owns, an unsupported SGLang version, step bounds that contradict the watchdog)
+refuse in every mode: SGLang would fail to start, the group would not rendezvous, or a
+bound would be clamped behind the user's back. Every setting of lockstep's own runtime
+guard (`LOCKSTEP_*` env) is the operator's in every mode: `Warn` reports what it leaves
+unsafe, it does not let a spec switch a lockstep guard off. Operator defaults for
+missing timeouts are filled in `Enforce` and `Reject` (filling a default overrides
+nothing the user wrote) and only reported in `Warn`.
 
 Every rule is listed in `RULES` with the SGLang issues it comes from.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -115,13 +120,21 @@ RULES: dict[str, Rule] = {
         ),
         Rule(
             "operator-owned-env",
-            "Environment variables the operator sets for the runtime may not be overridden",
+            "Environment variables the operator sets for the runtime, and every setting of "
+            "lockstep's own runtime guard (LOCKSTEP_*: pod agent, consensus, probe, "
+            "timeouts, state dir), may not be set in a role's env, in any mode",
         ),
         Rule(
             "guard-env",
-            "Environment variables that switch off or loosen a guard (lockstep's runtime "
-            "settings, torch's NCCL error handling, monitor and flight recorder) are the "
-            "operator's: a bound holds in every form a setting can take",
+            "Environment variables that switch off or loosen torch's guards (NCCL error "
+            "handling, monitor and flight recorder): a bound holds in every form a setting "
+            "can take",
+        ),
+        Rule(
+            "step-bounds",
+            "spec.health.stepBounds must fit under the watchdog each role runs with "
+            "(--watchdog-timeout, else spec.safety.watchdogTimeoutSeconds): SGLang's "
+            "watchdog ends a step past it, so a larger bound would be clamped to it",
         ),
         Rule(
             "config-file",
@@ -163,11 +176,25 @@ OWNED_ENV = (
     c.ENV_AGENT_TOKEN,
 )
 
-# Environment that would loosen a guard, by name: what a value does (None: every value of
-# a `LOCKSTEP_` variable is the operator's), and the values that do it. Every other
-# `LOCKSTEP_` variable not in OWNED_ENV is a runtime setting of lockstep's own guard
-# (consensus, probe and exit-hold timeouts, state dir): the operator's too.
+# Every `LOCKSTEP_` variable is a setting of lockstep's own runtime (lockstep_sglang.config
+# and the modules it reads for): the operator's, in every mode. What each one guards, for
+# the message; one not listed is refused as "a setting of lockstep's runtime".
 GUARD_ENV_PREFIX = "LOCKSTEP_"
+RUNTIME_GUARD_ENV: dict[str, str] = {
+    "LOCKSTEP_AGENT": "starts the pod agent; 0 switches it off, and the operator can no "
+    "longer read the ranks' state, capture their stacks or restart the group in place",
+    "LOCKSTEP_AGENT_HOST": "is the pod agent's address; the operator reaches it on the pod's IP",
+    "LOCKSTEP_CONSENSUS": "switches the rank decision consensus; 0 switches it off, and a "
+    "desync is no longer ended at once",
+    "LOCKSTEP_CONSENSUS_PAUSE_S": "paces the ranks' decision comparisons; longer lets a "
+    "desync run longer",
+    "LOCKSTEP_GLOO_TIMEOUT_S": "caps SGLang's gloo CPU groups; the operator sets it from "
+    "spec.safety.glooTimeoutSeconds",
+    "LOCKSTEP_PROBE_TIMEOUT_S": "is the deep probe's default timeout",
+    "LOCKSTEP_PROBE_MAX_TIMEOUT_S": "bounds the deep probe's timeout",
+    "LOCKSTEP_EXIT_HOLD_S": "is how long a pod keeps serving its evidence after the server ends",
+    "LOCKSTEP_STATE_DIR": "is where the ranks publish the state the pod agent serves",
+}
 NCCL_GUARD_ENV: dict[str, str] = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "a timed-out NCCL collective no longer ends the "
     "process, so a wedged rank waits forever instead of failing",
@@ -295,6 +322,9 @@ class _Ctx:
     user_env: list[EnvVar] = field(default_factory=list)
     version: str = ""
     findings: list[Finding] = field(default_factory=list)
+    # Flags (by dest) the user wrote but that were refused (a bad value, an abbreviation):
+    # the rules that fill a missing flag must not call them "not set".
+    refused: set[str] = field(default_factory=set)
 
     @property
     def mode(self) -> str:
@@ -378,9 +408,36 @@ def evaluate(spec: PDDeploymentSpec, table: FlagTable | None = None) -> PolicyRe
     version = sglang_version(spec)
     if table is None:
         table = load_flag_table(version if version in supported_versions() else None)
-    return PolicyResult(
-        {name: evaluate_role(spec, name, table, version) for name in c.ROLES}, version
-    )
+    roles: dict[str, RolePolicy] = {}
+    for name in c.ROLES:
+        role = evaluate_role(spec, name, table, version)
+        # A step bound against the watchdog both roles take from spec.safety is one
+        # finding about the spec, not one per role.
+        earlier = {f for r in roles.values() for f in r.findings if f.rule == "step-bounds"}
+        if earlier:
+            kept = tuple(f for f in role.findings if f not in earlier)
+            role = dataclasses.replace(role, findings=kept)
+        roles[name] = role
+    return PolicyResult(roles, version)
+
+
+def watchdog_seconds(argv: Sequence[str], table: FlagTable | None = None) -> float | None:
+    """The `--watchdog-timeout` an argv gives SGLang (any spelling, `--flag value` or
+    `--flag=value`), when it is a positive number of seconds; None when there is none
+    (no watchdog, or a value that is not one: a spec only Warn lets through)."""
+    table = table or load_flag_table()
+    raw: str | None = None
+    for i, token in enumerate(argv):
+        option, eq, value = token.partition("=")
+        spec = table.lookup(option)
+        if spec is None or spec.dest != "watchdog_timeout":
+            continue
+        raw = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    try:
+        seconds = float(raw) if raw is not None else math.nan
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
 
 
 def evaluate_role(
@@ -404,6 +461,7 @@ def evaluate_role(
     _rule_overlap_schedule(ctx)
     _rule_spec_grammar_dp_attention(ctx)
     _rule_watchdog(ctx)
+    _rule_step_bounds(ctx)
     _rule_dist_timeout(ctx)
     _rule_hicache_prefetch(ctx)
     _rule_decode_queue(ctx)
@@ -516,6 +574,7 @@ def _check_flags(ctx: _Ctx) -> None:
             if full is not None:
                 # argparse takes a unique prefix for the flag: SGLang would apply it, the
                 # policy must see the real name to apply the flag's bounds.
+                ctx.refused.add(full.dest)
                 ctx.invalid(
                     "unknown-flag",
                     fld,
@@ -564,6 +623,19 @@ def _check_flags(ctx: _Ctx) -> None:
             for value in item.values:
                 problem = problem or check_value(spec, value)
         if problem is not None:
+            ctx.refused.add(spec.dest)
+            bounded = _bounded_flags(ctx).get(spec.dest)
+            if bounded is not None:
+                # A bounded flag: say what it wants, not only what it is not.
+                bound, want = bounded
+                kind = "a whole number" if spec.type == "int" else "a number"
+                ctx.invalid(
+                    "flag-value",
+                    fld,
+                    f"{item.option} wants {kind} of seconds in (0, {bound}]: {problem}",
+                    f"give {spec.name} {kind} of seconds, e.g. {spec.name} {want}",
+                )
+                continue
             ctx.invalid("flag-value", fld, f"{item.option}: {problem}", _value_fix(spec))
             continue
         if spec.deprecated is not None:
@@ -622,21 +694,28 @@ def _check_env(ctx: _Ctx) -> None:
                 f"{var.name} is set by the operator",
                 "remove it (see spec.safety for the settings behind it)",
             )
+        elif var.name.startswith(GUARD_ENV_PREFIX):
+            # Refused in every mode, whether a value or valueFrom (which the policy cannot
+            # read): a spec does not switch a lockstep guard off, Warn included.
+            what = RUNTIME_GUARD_ENV.get(var.name, "is a setting of lockstep's runtime")
+            ctx.invalid(
+                "operator-owned-env",
+                f"spec.{ctx.role_name}.env[{i}].name",
+                f"{var.name} {what}: lockstep's runtime guard is the operator's, in every mode",
+                f"remove {var.name} from env (lockstep's guards are set through spec.safety "
+                "and spec.health)",
+            )
         else:
             _check_guard_env(ctx, i, var)
 
 
 def _check_guard_env(ctx: _Ctx, index: int, var: EnvVar) -> None:
-    """An env var that loosens a guard: dropped (Enforce), refused (Reject) or reported
-    (Warn), whether given as a value or through valueFrom (which the policy cannot read)."""
+    """An env var that loosens torch's guards: dropped (Enforce), refused (Reject) or
+    reported (Warn), whether given as a value or through valueFrom (which the policy cannot
+    read)."""
     fld = f"spec.{ctx.role_name}.env[{index}]"
     shown = "valueFrom (not visible to the policy)" if var.value_from is not None else var.value
-    if var.name.startswith(GUARD_ENV_PREFIX):
-        what = (
-            f"{var.name}={shown} changes a setting of lockstep's own runtime guard; "
-            "its guards are set through spec.safety and spec.health"
-        )
-    elif var.name in NCCL_GUARD_ENV and (
+    if var.name in NCCL_GUARD_ENV and (
         var.value_from is not None or (var.value or "").strip() in NCCL_GUARD_OFF
     ):
         what = f"{var.name}={shown}: {NCCL_GUARD_ENV[var.name]}"
@@ -707,10 +786,24 @@ def _rule_spec_grammar_dp_attention(ctx: _Ctx) -> None:
     )
 
 
+def _bounded_flags(ctx: _Ctx) -> dict[str, tuple[int, str]]:
+    """The flags whose value must lie in (0, bound], by dest: (bound, the operator's value)."""
+    safety = ctx.spec.safety
+    return {
+        "watchdog_timeout": (
+            safety.max_watchdog_timeout_seconds,
+            str(safety.watchdog_timeout_seconds),
+        ),
+        "dist_timeout": (c.MAX_DIST_TIMEOUT_SECONDS, str(safety.dist_timeout_seconds)),
+    }
+
+
 def _rule_watchdog(ctx: _Ctx) -> None:
     safety = ctx.spec.safety
     item = ctx.find("watchdog_timeout")
     want = str(safety.watchdog_timeout_seconds)
+    if item is None and "watchdog_timeout" in ctx.refused:
+        return  # written, and refused for its value: that finding says what to write
     if item is None:
 
         def add() -> None:
@@ -733,6 +826,47 @@ def _rule_watchdog(ctx: _Ctx) -> None:
     )  # fmt: skip
 
 
+def _rule_step_bounds(ctx: _Ctx) -> None:
+    """spec.health.stepBounds against the watchdog this role runs with, in whichever form
+    it is given (`--watchdog-timeout v`, `--watchdog-timeout=v`, else the CR field; an
+    abbreviation or a --config file is refused before): SGLang's watchdog ends a step
+    at W seconds, so a step can never be called hung later than W. A minSeconds or a
+    maxSeconds above W would be clamped to W behind the user's back: refused instead."""
+    steps = ctx.spec.health.step_bounds
+    item = ctx.find("watchdog_timeout")
+    if item is None and "watchdog_timeout" in ctx.refused:
+        return  # the flag's own finding says what to write
+    if item is not None:
+        raw, source = item.values[0], f"--watchdog-timeout in {ctx.path(item)}"
+        raise_it = f"raise --watchdog-timeout in {ctx.path(item)}"
+    else:
+        raw = str(ctx.spec.safety.watchdog_timeout_seconds)
+        source = "spec.safety.watchdogTimeoutSeconds"
+        raise_it = "raise spec.safety.watchdogTimeoutSeconds (or set --watchdog-timeout)"
+    watchdog = float(raw)
+    if not (math.isfinite(watchdog) and watchdog > 0):
+        return  # no watchdog (only Warn leaves one off): the watchdog rule reported it
+    shown = f"{watchdog:g}s ({source})"
+    if steps.max_seconds is not None and steps.max_seconds > watchdog:
+        ctx.invalid(
+            "step-bounds",
+            "spec.health.stepBounds.maxSeconds",
+            f"{steps.max_seconds}s is above the watchdog of {shown}: SGLang's watchdog "
+            "ends a step first, so a step could never run that long",
+            f"make maxSeconds <= {watchdog:g}, or {raise_it}",
+        )
+    elif steps.max_seconds is None and steps.min_seconds > watchdog:
+        default = type(steps).model_fields["min_seconds"].default
+        was = " (the default)" if steps.min_seconds == default else ""
+        ctx.invalid(
+            "step-bounds",
+            "spec.health.stepBounds.minSeconds",
+            f"{steps.min_seconds}s{was} is above the watchdog of {shown}: SGLang's "
+            "watchdog ends a step before lockstep may call it hung",
+            f"make minSeconds <= {watchdog:g}, or {raise_it}",
+        )
+
+
 def _bounded_flag(
     ctx: _Ctx,
     rule: str,
@@ -752,7 +886,11 @@ def _bounded_flag(
     def replace() -> None:
         item.values = [want]
 
-    what = not_positive if value <= 0 else too_large
+    if math.isnan(value):
+        # float() takes "nan", and so does SGLang's argparse; no timeout compares to it.
+        what = "is not a number of seconds"
+    else:
+        what = not_positive if value <= 0 else too_large
     ctx.unsafe(
         rule,
         ctx.path(item),
@@ -765,6 +903,8 @@ def _bounded_flag(
 def _rule_dist_timeout(ctx: _Ctx) -> None:
     want = str(ctx.spec.safety.dist_timeout_seconds)
     item = ctx.find("dist_timeout")
+    if item is None and "dist_timeout" in ctx.refused:
+        return  # written, and refused for its value: that finding says what to write
     if item is not None:
         # The bound of the CR's own field: an initialisation that may wait longer hangs.
         bound = c.MAX_DIST_TIMEOUT_SECONDS
