@@ -197,6 +197,7 @@ class IncidentScene:
 
 def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> IncidentScene:
     """The scene of `IncidentScene`'s docstring, its clock at `now`."""
+    from lockstep.agent_client import consensus_cause
     from lockstep.builders import build_group_pods
     from lockstep.evidence import EvidenceEntry, to_data
     from lockstep.models import Incident, PDDeploymentStatus, parse_pddeployment
@@ -248,7 +249,6 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
         "consensus_failure:\n"
         "  qwen-decode-0-1/r1: divergence after 900 events at index 3"
     )
-    cause = "rank 1 reported a consensus divergence; first divergence: {'0': 'a', '1': 'b'}"
     failure = {
         "detected_at": t0,
         "rank": 1,
@@ -263,49 +263,34 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
         },
         "recent_events": {},
     }
-    captured = "\n".join(
-        [
-            "[qwen-decode-0-0] ranks: "
-            + ranks_answer(
-                "qwen-decode-0-0",
-                0,
-                t0 + 1,
-                [
-                    rank_state(
-                        0, now=t0 + 1, seq=1198, collective=("all_reduce", "tp:cpu", 311, 12.3)
-                    )
-                ],
-            ),
-            "[qwen-decode-0-0] stacks: "
-            + stacks_answer(
-                t0 + 1,
-                0,
-                [
-                    "all_reduce (torch/distributed/distributed_c10d.py:2806)",
-                    "event_loop_normal (sglang/srt/managers/scheduler.py:1020)",
-                ],
-            ),
-            "[qwen-decode-0-0] log:\nINFO decode batch 1198\nINFO decode batch 1199",
-            "[qwen-decode-0-1] ranks: "
-            + ranks_answer(
-                "qwen-decode-0-1",
-                0,
-                t0 + 1,
-                [
-                    rank_state(
-                        1,
-                        now=t0 + 1,
-                        seq=1199,
-                        failure=failure,
-                        collective=("broadcast_pyobj", "tp:cpu", 312, 12.1),
-                    )
-                ],
-            ),
-            "[qwen-decode-0-1] stacks: "
-            + stacks_answer(t0 + 1, 1, ["broadcast_pyobj (sglang/srt/utils/common.py:1187)"]),
-            "[qwen-decode-0-1] log: unavailable (ApiException)",
-        ]
+    at = t0 + 1  # when the evidence was captured (the pod agents' clock)
+    rank0 = rank_state(0, now=at, seq=1198, collective=("all_reduce", "tp:cpu", 311, 12.3))
+    rank1 = rank_state(
+        1, now=at, seq=1199, failure=failure, collective=("broadcast_pyobj", "tp:cpu", 312, 12.1)
     )
+    answers = [ranks_answer(f"qwen-decode-0-{r['rank']}", 0, at, [r]) for r in (rank0, rank1)]
+    frames = [
+        [
+            "all_reduce (torch/distributed/distributed_c10d.py:2806)",
+            "event_loop_normal (sglang/srt/managers/scheduler.py:1020)",
+        ],
+        ["broadcast_pyobj (sglang/srt/utils/common.py:1187)"],
+    ]
+    logs = [
+        "log:\nINFO decode batch 1198\nINFO decode batch 1199",
+        "log: unavailable (ApiException)",
+    ]
+    # As lockstep.executor joins what it captured from each pod.
+    captured = "\n".join(
+        f"[qwen-decode-0-{rank}] {part}"
+        for rank in (0, 1)
+        for part in (
+            f"ranks: {answers[rank]}",
+            f"stacks: {stacks_answer(at, rank, frames[rank])}",
+            logs[rank],
+        )
+    )
+    cause = consensus_cause(answers, 0)
     rankdown = (
         "pod qwen-decode-1-1 restarted (restart count 0 -> 1)\n"
         "signals: container-restarted, probe-failed"

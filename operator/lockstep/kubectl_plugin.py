@@ -358,30 +358,36 @@ def _event_time(event: Mapping[str, Any]) -> float | None:
 
 def incident_steps(incident: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[Obj]:
     """The Events of an incident's group from its first failure until its recovery (the
-    operator posts one per step, `<role>/<group>: ...`), oldest first. Status times are
-    to the second, so the window ends a second after the recovery."""
+    operator posts one per step, `<role>/<group>: ...`), oldest first, each with its
+    offset from the first (Event times are to the microsecond, status times to the
+    second: the window opens at the first failure's second and closes a second after
+    the recovery's)."""
     prefix = f"{incident.get('role')}/{incident.get('group')}: "
     start = parse_time(incident.get("firstFailureTime")) or parse_time(incident.get("detectedTime"))
+    if start is None:
+        return []
     recovered = parse_time(incident.get("recoveredTime"))
     end = None if recovered is None else recovered + 1.0
-    steps = []
+    found = []
     for event in events:
         message = str(event.get("message") or "")
         ts = _event_time(event)
-        if not message.startswith(prefix) or ts is None or start is None:
+        if not message.startswith(prefix) or ts is None or ts < start:
             continue
-        if ts < start or (end is not None and ts >= end):
+        if end is not None and ts >= end:
             continue
-        steps.append(
-            {
-                "time": _rfc3339(ts, millis=True),
-                "offsetSeconds": round(ts - start, 3),
-                "type": event.get("type"),
-                "reason": event.get("reason"),
-                "message": message[len(prefix) :],
-            }
-        )
-    return sorted(steps, key=lambda s: s["offsetSeconds"])
+        found.append((ts, event, message[len(prefix) :]))
+    found.sort(key=lambda x: x[0])
+    return [
+        {
+            "time": _rfc3339(ts, millis=True),
+            "offsetSeconds": round(ts - found[0][0], 3),
+            "type": event.get("type"),
+            "reason": event.get("reason"),
+            "message": message,
+        }
+        for ts, event, message in found
+    ]
 
 
 def _outlier(

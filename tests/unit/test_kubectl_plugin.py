@@ -133,16 +133,16 @@ def test_an_incidents_steps_are_its_groups_events_between_first_failure_and_reco
     view = kp.incidents_view(stored(), SCENE.pods, SCENE.events_for(stored()), NOW)
     closed, open_ = view["incidents"]
     assert [(s["reason"], s["offsetSeconds"]) for s in closed["steps"]] == [
-        ("GroupDesynced", 0.7),
-        ("GroupDrained", 1.0),
-        ("GroupRestartingInPlace", 1.7),
-        ("GroupReadmitted", 8.1),
+        ("GroupDesynced", 0.0),
+        ("GroupDrained", 0.3),
+        ("GroupRestartingInPlace", 1.0),
+        ("GroupReadmitted", 7.4),
     ]
     assert closed["steps"][1]["message"] == "out of 1 router, readiness gate false"
     # decode/1's own, and none of prefill/0's (older) or decode/0's.
     assert [s["reason"] for s in open_["steps"]] == ["GroupRankDown", "GroupRestartEscalated"]
     text = kp.format_incidents(view, NOW)
-    assert "+1.0s  GroupDrained            out of 1 router" in text
+    assert "+0.3s  GroupDrained            out of 1 router" in text
 
 
 def test_a_closed_incident_outlier_is_unknown_until_status_records_it() -> None:
