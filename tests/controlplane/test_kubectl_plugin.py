@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -54,7 +55,7 @@ class Plugin:
         shown = "kubectl lockstep" if cmd is None else " ".join(Path(a).name for a in cmd)
         with self.transcript.open("a") as f:
             f.write(
-                f"$ {shown} {' '.join(args)}\n{done.stdout}{done.stderr}(exit {done.returncode})\n\n"
+                f"$ {shown} {shlex.join(args)}\n{done.stdout}{done.stderr}(exit {done.returncode})\n\n"
             )
         return done.returncode, done.stdout, done.stderr
 
