@@ -56,6 +56,7 @@ from lockstep import constants as c
 from lockstep.agent_client import AgentDataError, captured_ranks, captured_stacks
 from lockstep.evidence import EVIDENCE_MARK, EvidenceEntry, configmap_name, from_data
 from lockstep.records import ANNOTATION_RESTART, load_records
+from lockstep.recovery import GroupRecord
 from lockstep.verdicts import RankState
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -392,7 +393,7 @@ def incident_steps(incident: Mapping[str, Any], events: Sequence[Mapping[str, An
 
 def _outlier(
     incident: Mapping[str, Any],
-    records: Mapping[str, Any],
+    records: Mapping[str, GroupRecord],
     pods: Sequence[Mapping[str, Any]],
 ) -> list[Obj]:
     """The pods (and their nodes) the incident's verdict implicated: from status when
@@ -401,7 +402,7 @@ def _outlier(
     named = incident.get("culprits") or incident.get("outliers")
     if not isinstance(named, list):
         rec = records.get(f"{incident.get('role')}/{incident.get('group')}")
-        open_incident = getattr(rec, "incident", None)
+        open_incident = None if rec is None else rec.incident
         named = (
             list(open_incident.culprits)
             if open_incident is not None and open_incident.id == incident.get("id")
@@ -745,7 +746,14 @@ def restart_annotation(pdd: Mapping[str, Any], target: str, reason: str, now: fl
         int(g.get("index", -1)) for g in _groups(status, role)
     }
     if group not in known:
-        have = f"groups 0..{max(known)}" if known else "no groups"
+        ordered = sorted(known)
+        have = (
+            "no groups"
+            if not ordered
+            else f"groups 0..{ordered[-1]}"
+            if ordered == list(range(len(ordered)))
+            else f"groups {', '.join(map(str, ordered))}"
+        )
         raise PluginError(
             f"ROLE/GROUP {target!r}: PDDeployment {name} has {role} {have} "
             f"(spec.{role}.replicas {replicas}); name one of them, e.g. {role}/0"

@@ -285,6 +285,15 @@ def test_restart_of_a_group_the_deployment_does_not_have_is_refused(
     assert str(err.value).startswith(message)
 
 
+def test_restart_names_the_groups_there_are_when_they_are_not_0_to_n() -> None:
+    # decode/3 still retiring after a scale-down to 2: it can be restarted, and is listed.
+    groups = [*SCENE.status["decode"]["groups"], {"index": 3, "state": "Retiring"}]
+    obj = stored(status__decode__groups=groups)
+    assert kp.restart_annotation(obj, "decode/3", "why", NOW).startswith("decode/3@")
+    with pytest.raises(kp.PluginError, match="has decode groups 0, 1, 3 "):
+        kp.restart_annotation(obj, "decode/2", "why", NOW)
+
+
 def test_restart_is_refused_under_observe_only_and_without_a_reason() -> None:
     with pytest.raises(kp.PluginError, match=r"spec\.recovery\.policy ObserveOnly"):
         kp.restart_annotation(
