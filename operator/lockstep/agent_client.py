@@ -16,7 +16,8 @@ And on a leader's SGLang HTTP port (`constants.PORT_HTTP`), lockstep's runtime r
 with the same token, `GET /lockstep/requests` and `POST /lockstep/abort` (the requests it
 holds, and ending them at once with a retryable 503: `lockstep.failover`).
 
-Parsing is pure (`report_from_ranks`, `rank_state_from_json`, `consensus_cause`); a
+Parsing is pure (`report_from_ranks`, `rank_state_from_json`, `consensus_cause`, and
+`captured_ranks`/`captured_stacks` for the answers kept in an incident's evidence); a
 renamed field is a change here only, and a contract test feeds this module the real
 `PodAgent`'s answer. httpx is the HTTP client (sync and async, per-request timeouts).
 """
@@ -169,6 +170,94 @@ def consensus_cause(answers: Sequence[str], epoch: int) -> str | None:
                 detail = f"; first divergence: {events}" if events else ""
                 return f"rank {rank.get('rank')} reported a consensus divergence{detail}"[:500]
     return None
+
+
+@dataclass(frozen=True)
+class CapturedRanks:
+    """A `GET /ranks` answer kept in an incident's evidence (`kubectl lockstep evidence`)."""
+
+    hostname: str | None
+    epoch: str | None  # the group epoch the container ran when asked
+    now: float | None  # the agent's clock when it answered: ages are read against it
+    ranks: tuple[RankState, ...]
+    previous: tuple[RankState, ...]  # the last incarnation's ranks
+    previous_epoch: str | None
+    engine_exit: str | None  # how this incarnation's SGLang server ended (None: running)
+    previous_engine_exit: str | None
+
+
+def captured_ranks(text: str, pod: str) -> CapturedRanks:
+    """A `GET /ranks` answer as captured into evidence (the raw text). Raises
+    `AgentDataError` when it is not one (truncated, an error, not JSON)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        raise AgentDataError(f"pod {pod}: not a rank-state answer") from None
+    if not isinstance(body, Mapping) or not isinstance(body.get("ranks"), list):
+        raise AgentDataError(f"pod {pod}: not a rank-state answer")
+    raw_now = body.get("now")
+    now = float(raw_now) if isinstance(raw_now, int | float) else None
+
+    def ranks(key: str) -> tuple[RankState, ...]:
+        items = body.get(key) or []
+        if not isinstance(items, list):
+            raise AgentDataError(f"pod {pod}: {key} is not a list")
+        return tuple(rank_state_from_json(i, pod=pod, agent_now=now) for i in items)
+
+    return CapturedRanks(
+        hostname=_opt_str(body.get("hostname")),
+        epoch=_opt_str(body.get("epoch")),
+        now=now,
+        ranks=ranks("ranks"),
+        previous=ranks("previous"),
+        previous_epoch=_opt_str(body.get("previous_epoch")),
+        engine_exit=_exit_summary(body.get("engine_exit")),
+        previous_engine_exit=_exit_summary(body.get("previous_engine_exit")),
+    )
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """One rank's `py-spy dump` from a `POST /stacks` answer."""
+
+    rank: int
+    pid: int | None
+    ok: bool
+    duration_s: float | None
+    stack: str
+    error: str | None
+
+
+def captured_stacks(text: str, pod: str) -> list[StackDump]:
+    """A `POST /stacks` answer as captured into evidence (the raw text). Raises
+    `AgentDataError` when it is not one."""
+    try:
+        body = json.loads(text)
+        items = body["stacks"]
+        return [
+            StackDump(
+                rank=_int(i["rank"]),
+                pid=_opt_int(i.get("pid")),
+                ok=bool(i.get("ok")),
+                duration_s=None if i.get("duration_s") is None else float(i["duration_s"]),
+                stack=str(i.get("stack") or ""),
+                error=_opt_str(i.get("error")),
+            )
+            for i in items
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise AgentDataError(f"pod {pod}: not a stacks answer ({err!r})") from None
+
+
+def _exit_summary(value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return None
+    how = (
+        f"signal {value.get('signal')}"
+        if value.get("exit_code") is None
+        else f"exit code {value.get('exit_code')}"
+    )
+    return f"pid {value.get('pid')} ended by {how}"
 
 
 # ----------------------------------------------------------------------------- calling

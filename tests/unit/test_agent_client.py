@@ -12,6 +12,8 @@ import pytest
 
 from lockstep.agent_client import (
     AgentDataError,
+    captured_ranks,
+    captured_stacks,
     consensus_cause,
     rank_state_from_json,
     report_from_ranks,
@@ -204,3 +206,33 @@ def test_the_real_pod_agents_answer_parses_field_for_field(tmp_path: Path) -> No
     # Read as the next epoch's group, that old failure is not evidence.
     assert {r.rank for r in report_from_ranks("pod-a", body, 5).ranks or ()} == {0}
     live.close()
+
+
+def test_captured_answers_of_the_real_pod_agent_read_back_for_kubectl_lockstep(
+    tmp_path: Path,
+) -> None:
+    """Contract: what the operator captures into evidence (the agent's raw `GET /ranks`
+    and `POST /stacks` answers) is what `kubectl lockstep evidence` reads."""
+    state = tmp_path / "state"
+    state.mkdir()
+    mark_incarnation(state, "2")
+    live = RankStateWriter.create(state, rank=0, tp_rank=0)
+    live.begin_iteration()
+    live.record_decision(kind="idle", forward_mode=None, batch_size=0, rids_hash="", seq=1)
+    live.enter_collective(b"all_reduce", b"tp:cpu")
+    agent = PodAgent(state, epoch="2", environ={}, py_spy="/nonexistent/py-spy")
+    ranks = captured_ranks(json.dumps(agent.ranks()), "pod-a")
+    assert (ranks.epoch, ranks.previous, ranks.engine_exit) == ("2", (), None)
+    assert ranks.now is not None and ranks.hostname
+    (rank,) = ranks.ranks
+    assert (rank.rank, rank.pid, rank.iteration) == (0, os.getpid(), 1)
+    assert rank.collective is not None and rank.collective.key == ("all_reduce", "tp:cpu", 1)
+    (dump,) = captured_stacks(json.dumps(agent.stacks(timeout_s=1.0)), "pod-a")
+    assert (dump.rank, dump.pid, dump.ok) == (0, os.getpid(), False)
+    assert dump.error  # py-spy could not run: the answer says why
+    live.close()
+    for broken in ("unreachable (ConnectError: refused)", "HTTP 401: {}", '{"ranks": [{"ra'):
+        with pytest.raises(AgentDataError):
+            captured_ranks(broken, "pod-a")
+        with pytest.raises(AgentDataError):
+            captured_stacks(broken, "pod-a")
