@@ -234,6 +234,8 @@ class Drill:
         engine: EngineName = "standin",
         slow_steps: Sequence[float] = SLOW_STEPS,
         step_bounds: Mapping[str, Any] | None = None,
+        sequence: Sequence[tuple[str, FaultKind]] | None = None,
+        keep_going: bool = False,
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
         audit log for the least-privilege drill); `router` puts the real sglang-router in
@@ -241,7 +243,10 @@ class Drill:
         `recovery.mode` (the drills judge restarts by it: the same pods restarted in place,
         or new pods); `engine` is what the SGLang pods run (see the module docstring);
         `slow_steps`: the step lengths of the slow drill; `step_bounds`: the deployment's
-        `health.stepBounds` (None: the drill deployment's, `{}`: the defaults)."""
+        `health.stepBounds` (None: the drill deployment's, `{}`: the defaults);
+        `sequence`: the incidents of the sequence scenario (default: the engine's);
+        `keep_going`: the sequence goes on after an incident that failed its checks (a
+        benchmark measures every one)."""
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
         if engine not in ENGINES:
@@ -252,6 +257,8 @@ class Drill:
                 f"{', '.join(REAL_SGLANG_SCENARIOS)}"
             )
         self.engine = engine
+        self.sequence = tuple(sequence) if sequence is not None else None
+        self.keep_going = keep_going
         self.slow_steps = tuple(slow_steps)
         self.step_bounds = None if step_bounds is None else dict(step_bounds)
         real = engine == "sglang"
@@ -589,7 +596,8 @@ class Drill:
         if self.scenario == "sequence":
             # Every incident of the sequence is a restart of one group within minutes:
             # room for all of them in the restart budget (the flapping drill tests it).
-            budget = {"restarts": len(STANDIN_SEQUENCE) + 1, "windowSeconds": 3600}
+            incidents = max(len(self.sequence or ()), len(STANDIN_SEQUENCE))
+            budget = {"restarts": incidents + 1, "windowSeconds": 3600}
             return {"recovery": {"budget": budget}}
         return {}
 
@@ -850,8 +858,9 @@ class Drill:
             }
         return out
 
-    def _held_streams(self, key: str) -> int:
-        """Streams the group's leader holds (its runtime's `GET /lockstep/requests`)."""
+    def _held_streams(self, key: str) -> int | None:
+        """Streams the group's leader holds (its runtime's `GET /lockstep/requests`; None
+        from a runtime without the route, as lockstep's before it had one)."""
         url = self._leader_urls().get(key)
         if url is None:
             return 0
@@ -859,12 +868,15 @@ class Drill:
         pods = group_pods(self.cluster.core(), NAMESPACE, NAME, role, int(index))
         token = agent_token(self.cluster.core(), pods[0]) if pods else ""
         try:
-            held = httpx.get(
+            resp = httpx.get(
                 f"{url}/lockstep/requests",
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=5,
                 trust_env=False,
-            ).json()["requests"]
+            )
+            if resp.status_code == 404:
+                return None
+            held = resp.json()["requests"]
         except (httpx.HTTPError, ValueError, KeyError):
             return 0
         return sum(1 for r in held if r.get("stream"))
@@ -880,7 +892,11 @@ class Drill:
             s = Stream(url, f"drill stream {i} {time.time():.3f}", STREAM_TOKENS[self.engine])
             started.append(s.start())
             s.started.wait(60)
-            if self._held_streams(key) > 0:
+            held = self._held_streams(key)
+            if held is None and i >= 1:
+                self.note(f"{key} cannot list its requests: {i + 1} streams started, unsorted")
+                return started
+            if held:
                 self.note(f"a long stream is under way on {key} ({i + 1} started)")
                 return started
         self.note(f"no stream of {tries} landed on {key}")
@@ -905,6 +921,10 @@ class Drill:
         waits = [o.ended_at - verdict_at for o in caught if o.ended_at > verdict_at]
         longest = round(max(waits, default=0.0), 2)
         caught_ok = sum(1 for o in caught if o.ok)
+        # Not 200: an HTTP error the client saw, or no answer at all (a connection cut,
+        # or the client's own two-minute limit).
+        caught_error = sum(1 for o in caught if not o.ok and o.status is not None)
+        caught_cut = sum(1 for o in caught if not o.ok and o.status is None)
         caught_failed = [
             f"{round(o.sent_at - injected, 2)}s: {o.error}" for o in caught if not o.ok
         ][:10]
@@ -915,6 +935,8 @@ class Drill:
         figures = {
             "caught": len(caught),
             "caught_ok": caught_ok,
+            "caught_error": caught_error,
+            "caught_cut": caught_cut,
             "caught_failed": caught_failed,
             "longest_wait_past_verdict_s": longest,
             "streams": [
@@ -989,7 +1011,7 @@ class Drill:
         within `recovery.inPlace.escalationWindowSeconds` of an in-place restart, so (in
         InPlace mode) the next ones escalate to Recreate, as the design says."""
         checks: list[tuple[bool, str]] = []
-        sequence = SEQUENCE if self.engine == "sglang" else STANDIN_SEQUENCE
+        sequence = self.sequence or (SEQUENCE if self.engine == "sglang" else STANDIN_SEQUENCE)
         for i, (verdict, kind) in enumerate(sequence):
             self.note(f"next: {kind}")
             # A deleted pod cannot restart in place; the rest escalate (see above).
@@ -1018,7 +1040,7 @@ class Drill:
             step.append((failed_after == 0, f"{failed_after} request(s) failed after the drain"))
             r.steps[-1]["passed"] = all(ok for ok, _ in step)
             checks += [(ok, f"{kind}: {why}") for ok, why in step]
-            if not all(ok for ok, _ in step):
+            if not all(ok for ok, _ in step) and not self.keep_going:
                 break
         self._conclude(checks)
 
