@@ -4,6 +4,13 @@ kopf refuses to start when admission handlers exist without a webhook server, so
 module is imported by `lockstep operator --webhook-port ...` only. Configuration comes
 from the CLI's `lockstep.settings.WebhookConfig`, in kopf's memo.
 
+Every replica serves the webhook, the leader and the standbys (`lockstep.ha` runs the
+standbys' kopf with `STANDBY`, a registry of these handlers only), with one certificate:
+without cert-manager the first replica makes a CA and a serving certificate and keeps
+them in a Secret (create-or-read: of two replicas starting at once one creates, the other
+reads), every replica serves that one, and its CA goes into the webhook configurations
+when it is not there yet.
+
 - `validate-pddeployment` (path `/validate-pddeployment`): refuses invalid specs and specs
   the flag policy refuses, naming rule, field and fix; warnings for what it adjusts.
 - `mutate-pddeployment` (path `/mutate-pddeployment`): under safety mode `Enforce`, writes
@@ -24,11 +31,15 @@ from kubernetes.client.exceptions import ApiException
 
 from lockstep import constants as c
 from lockstep.handlers import api_client, operator_config
-from lockstep.webhook import review, self_signed_certificate, service_dns_names
+from lockstep.webhook import Certificate, review, self_signed_certificate, service_dns_names
 
 log = logging.getLogger(__name__)
 
+# The standby replicas' kopf registry: the webhook and nothing that acts (lockstep.ha).
+STANDBY = kopf.OperatorRegistry()
 
+
+@kopf.on.startup(registry=STANDBY)
 @kopf.on.startup()
 def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Start kopf's webhook server with cert-manager's or a self-signed certificate."""
@@ -39,15 +50,19 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     if webhook.cert_dir:
         certfile, keyfile = Path(webhook.cert_dir) / "tls.crt", Path(webhook.cert_dir) / "tls.key"
     else:
-        ips = [addr] if addr not in ("0.0.0.0", "::") else []
-        cert = self_signed_certificate(service_dns_names(webhook.service, webhook.namespace), ips)
+        api = api_client()
+        cert = shared_certificate(
+            api, webhook.namespace, webhook.cert_secret or f"{webhook.service}-cert",
+            service_dns_names(webhook.service, webhook.namespace),
+            [addr] if addr not in ("0.0.0.0", "::") else [],
+        )  # fmt: skip
         tmp = Path(tempfile.mkdtemp(prefix="lockstep-webhook-"))
         certfile, keyfile = tmp / "tls.crt", tmp / "tls.key"
         certfile.write_bytes(cert.cert_pem)
         keyfile.write_bytes(cert.key_pem)
         keyfile.chmod(0o600)
         if webhook.config_name:
-            inject_ca_bundle(api_client(), webhook.config_name, cert.ca_pem)
+            inject_ca_bundle(api, webhook.config_name, cert.ca_pem)
     settings.admission.server = kopf.WebhookServer(
         addr=addr, port=webhook.port, certfile=str(certfile), pkeyfile=str(keyfile)
     )
@@ -55,8 +70,64 @@ def webhook_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.admission.managed = None
 
 
+def shared_certificate(
+    api: k8s.ApiClient, namespace: str, secret: str, dns_names: list[str], ips: list[str]
+) -> Certificate:
+    """The webhook certificate every replica serves: read from `secret`, or made and
+    stored there when there is none (409: another replica made it first; read that).
+    The API server reaches the webhook by its Service's name (`dns_names`); `ips`: the
+    address a webhook URL names, where one does (the maker's)."""
+    core = k8s.CoreV1Api(api)
+    for _ in range(3):
+        try:
+            found = core.read_namespaced_secret(secret, namespace)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        else:
+            data = found.data or {}
+            try:
+                return Certificate(
+                    ca_pem=base64.b64decode(data["ca.crt"]),
+                    cert_pem=base64.b64decode(data["tls.crt"]),
+                    key_pem=base64.b64decode(data["tls.key"]),
+                )
+            except KeyError as err:
+                raise kopf.PermanentError(
+                    f"Secret {namespace}/{secret} has no {err.args[0]}: delete it, the "
+                    "operator makes a new one"
+                ) from None
+        cert = self_signed_certificate(dns_names, ips)
+        body = k8s.V1Secret(
+            metadata=k8s.V1ObjectMeta(
+                name=secret,
+                namespace=namespace,
+                labels={
+                    "app.kubernetes.io/managed-by": "lockstep",
+                    "app.kubernetes.io/component": "webhook",
+                },
+            ),
+            type="kubernetes.io/tls",
+            data={
+                "ca.crt": base64.b64encode(cert.ca_pem).decode(),
+                "tls.crt": base64.b64encode(cert.cert_pem).decode(),
+                "tls.key": base64.b64encode(cert.key_pem).decode(),
+            },
+        )
+        try:
+            core.create_namespaced_secret(namespace, body)
+        except ApiException as err:
+            if err.status == 409:
+                continue  # another replica made it: read that one
+            raise
+        log.info("made the webhook certificate, kept in Secret %s/%s", namespace, secret)
+        return cert
+    raise kopf.TemporaryError(f"Secret {namespace}/{secret} keeps changing", delay=5)
+
+
 def inject_ca_bundle(api: k8s.ApiClient, name: str, ca_pem: bytes) -> None:
-    """Put the CA into every webhook of the named validating and mutating configurations."""
+    """Put the CA into every webhook of the named validating and mutating configurations
+    (only where it is not there already: replicas sharing one CA write it once)."""
     bundle = base64.b64encode(ca_pem).decode()
     adm = k8s.AdmissionregistrationV1Api(api)
     for read, patch in (
@@ -74,13 +145,20 @@ def inject_ca_bundle(api: k8s.ApiClient, name: str, ca_pem: bytes) -> None:
             raise
         ops = [
             {"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
-            for i in range(len(config.webhooks or []))
+            for i, hook in enumerate(config.webhooks or [])
+            if getattr(getattr(hook, "client_config", None), "ca_bundle", None) != bundle
         ]
         if ops:
             patch(name, ops)
             log.info("injected the webhook CA into %s", name)
+        else:
+            log.info("the webhook CA is already in %s", name)
 
 
+@kopf.on.validate(
+    c.GROUP, c.VERSION, c.PLURAL, id="validate-pddeployment", operations=["CREATE", "UPDATE"],
+    registry=STANDBY,
+)  # fmt: skip
 @kopf.on.validate(
     c.GROUP, c.VERSION, c.PLURAL, id="validate-pddeployment", operations=["CREATE", "UPDATE"]
 )
@@ -92,6 +170,10 @@ def validate_pddeployment(body: kopf.Body, warnings: list[str], **_: Any) -> Non
     warnings.extend(decision.warnings[:10])
 
 
+@kopf.on.mutate(
+    c.GROUP, c.VERSION, c.PLURAL, id="mutate-pddeployment", operations=["CREATE", "UPDATE"],
+    registry=STANDBY,
+)  # fmt: skip
 @kopf.on.mutate(
     c.GROUP, c.VERSION, c.PLURAL, id="mutate-pddeployment", operations=["CREATE", "UPDATE"]
 )

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,7 +137,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from lockstep.settings import MEMO_KEY, OperatorConfig, WebhookConfig
+    from lockstep.settings import MEMO_KEY, ElectionSettings, OperatorConfig, WebhookConfig
 
     webhook = None
     if args.webhook_port:
@@ -153,7 +155,28 @@ def cmd_operator(args: argparse.Namespace) -> int:
             service=args.webhook_service,
             namespace=args.webhook_namespace,
             config_name=args.webhook_config_name or None,
+            cert_secret=args.webhook_cert_secret or None,
         )
+    election = None
+    if args.leader_elect:
+        identity = (
+            args.leader_election_identity or os.environ.get("POD_NAME") or socket.gethostname()
+        )
+        try:
+            election = ElectionSettings(
+                namespace=args.leader_election_namespace,
+                name=args.leader_election_id,
+                identity=identity,
+                lease_duration_s=args.leader_election_lease_duration,
+                renew_deadline_s=args.leader_election_renew_deadline,
+                retry_period_s=args.leader_election_retry_period,
+            )
+            from lockstep.ha import election_config
+
+            election_config(election)  # the timings' bounds
+        except ValueError as err:
+            print(f"lockstep operator: --leader-elect: {err}", file=sys.stderr)
+            return EXIT_UNREADABLE
     config = OperatorConfig(
         metrics_port=args.metrics_port,
         bind_address=args.bind_address,
@@ -164,6 +187,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         exact_namespaces=bool(args.namespace)
         and not any(set(ns) & set("*?!,") for ns in args.namespace),
         webhook=webhook,
+        election=election,
     )
     import lockstep.handlers
 
@@ -176,15 +200,26 @@ def cmd_operator(args: argparse.Namespace) -> int:
     )
     host = f"[{args.bind_address}]" if ":" in args.bind_address else args.bind_address
     liveness = f"http://{host}:{args.liveness_port}/healthz" if args.liveness_port else None
-    kopf.run(
-        memo=kopf.Memo({MEMO_KEY: config}),
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
-        standalone=args.peering is None,
-        peering_name=args.peering,
-        liveness_endpoint=liveness,
+    run_kwargs: dict[str, Any] = {
+        "clusterwide": not args.namespace,
+        "namespaces": args.namespace or (),
+        "standalone": True,
+        "liveness_endpoint": liveness,
+    }
+    if election is None:
+        kopf.run(memo=kopf.Memo({MEMO_KEY: config}), **run_kwargs)
+        return EXIT_OK
+    from lockstep import ha
+    from lockstep.handlers import api_client
+    from lockstep.metrics import Metrics
+
+    # One metrics server for both phases (a standby reports lockstep_leader 0 too).
+    metrics = Metrics()
+    if config.metrics_port:
+        metrics.serve(config.metrics_port, config.bind_address)
+    return ha.run(
+        election, {MEMO_KEY: config}, api_client(), metrics, run_kwargs, webhook=webhook is not None
     )
-    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,7 +257,24 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument(
         "--namespace", action="append", help="watch this namespace (repeatable; default: all)"
     )
-    op.add_argument("--peering", help="kopf peering name: replicas never act at once")
+    op.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="several replicas: elect one leader through a coordination.k8s.io Lease (the "
+        "others serve the webhook and stand by)",
+    )
+    op.add_argument(
+        "--leader-election-namespace",
+        default="default",
+        help="namespace of the Lease (the chart: the release's)",
+    )
+    op.add_argument("--leader-election-id", default="lockstep", help="name of the Lease")
+    op.add_argument(
+        "--leader-election-identity", help="this replica's name in the Lease (default: $POD_NAME)"
+    )
+    op.add_argument("--leader-election-lease-duration", type=float, default=15.0)
+    op.add_argument("--leader-election-renew-deadline", type=float, default=10.0)
+    op.add_argument("--leader-election-retry-period", type=float, default=2.0)
     op.add_argument(
         "--bind-address",
         default="0.0.0.0",
@@ -254,6 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--webhook-service", default="lockstep-webhook", help="for the cert SANs")
     op.add_argument("--webhook-namespace", default="default", help="for the cert SANs")
     op.add_argument("--webhook-config-name", help="webhook configurations to inject the CA into")
+    op.add_argument(
+        "--webhook-cert-secret",
+        help="Secret (in --webhook-namespace) the self-signed certificate is kept in, shared "
+        "by every replica (default: <--webhook-service>-cert)",
+    )
     op.add_argument("-v", "--verbose", action="store_true")
     op.set_defaults(func=cmd_operator)
     return parser

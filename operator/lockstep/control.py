@@ -154,6 +154,10 @@ class Runtime:
     # Groups not settled (not Healthy, or failing): an ok probe of them wakes the round.
     unsettled: set[tuple[str, str, str, int]] = field(default_factory=set)
     deps: Deps | None = None
+    # With leader election: this replica's identity and since when it leads (status shows
+    # it), and whether it may act now (the fence; None: a single replica, always).
+    leader: tuple[str, str | None] | None = None
+    may_act: Callable[[], bool] | None = None
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _locks_guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -353,6 +357,8 @@ def run_round(
     namespace, name = str(meta.get("namespace", "default")), str(meta["name"])
     if meta.get("deletionTimestamp"):
         return None
+    if rt.may_act is not None and not rt.may_act():
+        return None  # not the leader (any more): nothing to decide, nothing to write
     with rt.lock_for(namespace, name):
         return _run_round(
             rt,
@@ -606,6 +612,7 @@ def _run_round(
         _last_probes(rt, namespace, name, new_records),
         now,
         replicas={role: (wanted[role], res.source) for role, res in resolutions.items()},
+        leader=rt.leader,
     )
     _apply_scale_status(rt, pdd, namespace, scales, resolutions, status)
     for role in roles:

@@ -1,6 +1,7 @@
 """Every kopf handler of the operator, and nothing else: each delegates at once.
 
-- startup: settings (peering, posting), the shared `Runtime`, the prober task;
+- startup: settings (posting, scanning), the shared `Runtime` (with several replicas:
+  its clients fenced by the leader election, `lockstep.ha`), the prober task;
 - indexes: the pods, Services, PDRoleScales and PodDisruptionBudgets of every
   PDDeployment (labelled with it), fed by kopf's watches: the control rounds read these
   caches, never list;
@@ -31,7 +32,8 @@ from kubernetes import config as k8s_config
 
 from lockstep import constants as c
 from lockstep.control import Runtime, run_round, settled
-from lockstep.kube import Kube
+from lockstep.ha import fence_hook
+from lockstep.kube import FencedApiClient, Kube
 from lockstep.maintenance import NodeState
 from lockstep.metrics import Metrics
 from lockstep.prober import ProbeBook, Prober, ProbeSample
@@ -92,17 +94,33 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         # Watching exact namespaces: no scan of namespaces (or CRDs) cluster-wide, which
         # a namespaced Role does not allow; the CRD is installed with the chart.
         settings.scanning.disabled = True
-    metrics = Metrics()
-    if config.metrics_port:
-        metrics.serve(config.metrics_port, config.bind_address)
+    elector = memo.get("elector")  # lockstep.ha: this replica leads, fenced
+    metrics = memo.get("metrics")
+    if not isinstance(metrics, Metrics):
+        metrics = Metrics()
+        if config.metrics_port:
+            metrics.serve(config.metrics_port, config.bind_address)
+        metrics.leader.set(1)  # one replica: it always acts
     book = ProbeBook()
+    if elector is not None:
+        # Every write of this replica passes the election first (lockstep.leader).
+        api: k8s.ApiClient = FencedApiClient(
+            configuration=api_client().configuration, fence=elector.check
+        )
+        http = httpx.Client(event_hooks={"request": [fence_hook(elector)]})
+    else:
+        api, http = api_client(), httpx.Client()
     rt = Runtime(
-        kube=Kube(api_client()),
+        kube=Kube(api),
         book=book,
         metrics=metrics,
-        http=httpx.Client(),
+        http=http,
         runtime_image=config.runtime_image,
     )
+    if elector is not None:
+        since = elector.since.strftime("%Y-%m-%dT%H:%M:%SZ") if elector.since else None
+        rt.leader = (elector.cfg.identity, since)
+        rt.may_act = elector.holds
     wakers = Wakers()
     memo["runtime"] = rt
     memo["wakers"] = wakers
@@ -297,8 +315,9 @@ async def pddeployment_rounds(
             run_round, rt, copy.deepcopy(dict(body)), pods, services, _collect(events),
             deployments, current_nodes(nodes_index), scales, pdbs,
         )  # fmt: skip
-        for type_, reason, message in events:
-            kopf.event(body, type=type_, reason=reason, message=message)
+        if rt.may_act is None or rt.may_act():
+            for type_, reason, message in events:
+                kopf.event(body, type=type_, reason=reason, message=message)
         delay = resync
         if result is not None and result.requeue_after is not None:
             delay = min(delay, max(result.requeue_after, MIN_ROUND_INTERVAL))

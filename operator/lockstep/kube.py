@@ -8,6 +8,11 @@ doubles an action:
   pod of a newer epoch that reuses the name, and treats 404/409 as already done;
 - patches are merge patches of only the fields lockstep owns.
 Objects go in and come out as plain dicts (the builders' format), not client models.
+
+With several replicas (leader election, `lockstep.leader`) the API client is a
+:class:`FencedApiClient`: every write it sends (any method but GET/HEAD/OPTIONS) first
+asks the election whether this replica still holds the lease, so a leader that was
+paused and woke up after another took over writes nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes import client as k8s
@@ -33,6 +38,23 @@ def _plain(api: k8s.ApiClient, model: object) -> Obj:
     """A client model as the plain dict the API server would send."""
     out: Obj = api.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
     return out
+
+
+# Methods that change nothing: allowed to a replica that does not lead (its caches read).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class FencedApiClient(k8s.ApiClient):
+    """The Kubernetes client whose writes pass `fence` first (it raises to refuse)."""
+
+    def __init__(self, *args: Any, fence: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fence = fence
+
+    def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        if method.upper() not in READ_METHODS:
+            self.fence()
+        return super().call_api(method, url, *args, **kwargs)
 
 
 def _now() -> str:

@@ -41,6 +41,11 @@ class Metrics:
             ["role"],
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "lockstep_leader",
+            "1 on the operator replica that leads (acts), 0 on a standby; 1 with one replica.",
+            registry=self.registry,
+        )
         self.requests_ended = Counter(
             "lockstep_requests_ended_total",
             "Requests ended with a retryable 503 because their group (or, for the other "

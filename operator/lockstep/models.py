@@ -717,6 +717,13 @@ class PolicyFinding(_Model):
     action: Literal["adjusted", "rejected", "reported"] = Field(description="What was done.")
 
 
+class OperatorStatus(_Model):
+    """Which operator replica acts (with leader election: the Lease's holder)."""
+
+    leader: str = Field(description="The operator replica (pod) that acts on this deployment.")
+    since: str | None = Field(None, description="When it became the leader (RFC 3339).")
+
+
 class PDDeploymentStatus(_Model):
     """Observed state, written by the operator."""
 
@@ -732,6 +739,9 @@ class PDDeploymentStatus(_Model):
     )
     findings: list[PolicyFinding] = Field(
         default_factory=list, description="Flag policy findings for the current spec."
+    )
+    operator: OperatorStatus | None = Field(
+        None, description="The operator replica that acts (several replicas: the elected one)."
     )
 
 

@@ -24,6 +24,9 @@ class WebhookConfig:
     service: str = "lockstep-webhook"
     namespace: str = "default"
     config_name: str | None = None
+    # The Secret (in `namespace`) the self-signed certificate is kept in, shared by every
+    # replica (None: `<service>-cert`).
+    cert_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -40,3 +43,17 @@ class OperatorConfig:
     # The image SGLang pods copy lockstep's runtime from when spec.runtime.image is unset
     # (None: lockstep.constants.DEFAULT_RUNTIME_IMAGE); the chart passes its own image.
     runtime_image: str | None = None
+    # Several replicas: the leader election (None: one replica, which always acts).
+    election: ElectionSettings | None = None
+
+
+@dataclass(frozen=True)
+class ElectionSettings:
+    """`--leader-elect`: the Lease the replicas elect their leader with."""
+
+    namespace: str
+    name: str
+    identity: str
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0

@@ -24,6 +24,7 @@ from lockstep.models import (
     Condition,
     GroupStatus,
     Incident,
+    OperatorStatus,
     PDDeployment,
     PDDeploymentStatus,
     PolicyFinding,
@@ -124,10 +125,12 @@ def derive_status(
     probes: Mapping[GroupId, LastProbe],
     now: float,
     replicas: Mapping[str, tuple[int, str]] | None = None,
+    leader: tuple[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """The whole status of an accepted PDDeployment (see the module docstring).
     `replicas`: per role, the groups it should run and whose count that is (the
-    PDDeployment's or its PDRoleScale's); default: the spec's."""
+    PDDeployment's or its PDRoleScale's); default: the spec's. `leader`: the acting
+    operator replica and since when (leader election), None with one replica."""
     gen = pdd.metadata.generation
     roles: dict[str, RoleStatus] = {}
     for role in c.ROLES:
@@ -263,6 +266,7 @@ def derive_status(
         open_incidents=sum(i.get("state") == "Open" for i in shown),
         incidents=[Incident.model_validate(i) for i in shown],
         findings=_findings(policy),
+        operator=OperatorStatus(leader=leader[0], since=leader[1]) if leader else None,
     )
     return status.model_dump(by_alias=True, exclude_none=True)
 

@@ -3,7 +3,7 @@
 helm v3.19 comes from `.ci/fetch-tools` (a PyPI wheel, cached outside the repository).
 Every rendered object is validated with `kubernetes-validate --strict` for the oldest and
 newest Kubernetes lockstep supports. Custom resources (ServiceMonitor, cert-manager's
-Issuer and Certificate, kopf's peering objects) have no schema there: they are checked
+Issuer and Certificate) have no schema there: they are checked
 by shape instead (`check_custom_shape`), against the fields their controllers require.
 """
 
@@ -45,6 +45,7 @@ VALUE_SETS: dict[str, Obj] = {
     "namespaced-release-namespace": {"rbac": {"scope": "Namespaced"}},
     "cluster-rbac-some-namespaces": {"watchNamespaces": ["team-a"]},
     "ha": {"ha": {"enabled": True, "replicas": 3}, **CERT_MANAGER},
+    "ha-self-signed": {"ha": {"enabled": True}},
     "ha-namespaced": {
         "ha": {"enabled": True},
         "rbac": {"scope": "Namespaced"},
@@ -216,15 +217,11 @@ def check_custom_shape(obj: Obj) -> None:
         assert set(spec["issuerRef"]) == {"name", "kind", "group"}
         assert spec["issuerRef"]["kind"] in ("Issuer", "ClusterIssuer")
         assert all(".svc" in n for n in spec["dnsNames"])
-    elif kind in ("ClusterKopfPeering", "KopfPeering"):
-        assert obj["apiVersion"] == "kopf.dev/v1"
-        assert ("namespace" in obj["metadata"]) == (kind == "KopfPeering")
-        assert set(obj) == {"apiVersion", "kind", "metadata"}
     else:
         pytest.fail(f"{kind} has neither a Kubernetes schema nor a shape check")
 
 
-CUSTOM_KINDS = {"ServiceMonitor", "Issuer", "Certificate", "ClusterKopfPeering", "KopfPeering"}
+CUSTOM_KINDS = {"ServiceMonitor", "Issuer", "Certificate"}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -346,10 +343,11 @@ def test_invalid_values_are_refused(command: str, bad: list[str]) -> None:
     assert "values don't meet the specifications of the schema" in res.stdout + res.stderr
 
 
-def test_ha_without_cert_manager_is_refused_with_the_fix() -> None:
-    res = helm("template", RELEASE, str(CHART), "--set", "ha.enabled=true")
-    assert res.returncode != 0
-    assert "webhook.certManager.enabled=true" in res.stderr
+def test_ha_with_the_self_signed_webhook_shares_one_certificate() -> None:
+    # No cert-manager needed: every replica serves the certificate kept in one Secret.
+    args = operator_container(render(VALUE_SETS["ha-self-signed"]))["args"]
+    assert "--leader-elect" in args and "--webhook-self-signed" in args
+    assert "--webhook-cert-secret=lockstep-webhook-cert" in args
 
 
 # Sentinels for values whose type alone does not say what a changed value looks like.
@@ -377,7 +375,6 @@ ALL_ON: Obj = merge(
 # Values that only matter (or only render) together with another setting.
 NEEDS: dict[str, Obj] = {
     "serviceAccount.create": dotted("serviceAccount.name", "own-sa"),
-    "webhook.certManager.enabled": dotted("ha.enabled", False),
     "webhook.certManager.issuerRef.kind": dotted("webhook.certManager.issuerRef.name", "ca"),
     "webhook.certManager.issuerRef.group": dotted("webhook.certManager.issuerRef.name", "ca"),
 }
@@ -442,25 +439,27 @@ def test_one_replica_recreated_by_default() -> None:
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     args = operator_container(render({}))["args"]
-    assert not any(a.startswith("--peering") for a in args)
+    assert not any(a.startswith("--leader-elect") for a in args)
     assert not find(render({}), "PodDisruptionBudget")
 
 
-def test_ha_runs_replicas_with_peering() -> None:
+def test_ha_runs_replicas_that_elect_a_leader_through_a_lease() -> None:
     objs = render(VALUE_SETS["ha"])
     deployment = one(objs, "Deployment", RELEASE)
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
-    assert "--peering=lockstep" in operator_container(objs)["args"]
-    assert one(objs, "ClusterKopfPeering", "lockstep")
+    args = operator_container(objs)["args"]
+    assert "--leader-elect" in args
+    assert f"--leader-election-namespace={NAMESPACE}" in args
+    assert "--leader-election-id=lockstep" in args
+    env = {e["name"]: e for e in operator_container(objs)["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert one(objs, "PodDisruptionBudget", RELEASE)["spec"]["minAvailable"] == 1
     anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     assert anti["preferredDuringSchedulingIgnoredDuringExecution"]
-    # Watching some namespaces: kopf peers in a KopfPeering in each of them.
-    namespaced = render(VALUE_SETS["ha-namespaced"])
-    peerings = find(namespaced, "KopfPeering", "lockstep")
-    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
-    assert not find(namespaced, "ClusterKopfPeering")
+    # kopf's peering is gone for good: no peering object, no peering CRD in the chart.
+    assert not [o for o in objs if o["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+    assert not (CHART / "crds/kopfpeerings.kopf.dev.yaml").exists()
 
 
 def test_operator_command_line() -> None:
@@ -475,6 +474,7 @@ def test_operator_command_line() -> None:
         "--webhook-service=lockstep-webhook",
         f"--webhook-namespace={NAMESPACE}",
         "--webhook-config-name=lockstep",
+        "--webhook-cert-secret=lockstep-webhook-cert",
     ]
     cm = operator_container(render(CERT_MANAGER))
     assert cm["args"][3:] == ["--webhook-port=9443", "--webhook-cert-dir=/etc/lockstep/webhook-tls"]
@@ -513,7 +513,7 @@ def test_chart_args_parse_with_the_operator_cli(
     assert not unknown, unknown
     assert parsed.liveness_port == 8080 and parsed.metrics_port == 9090
     assert parsed.namespace == VALUE_SETS[name].get("watchNamespaces")
-    assert parsed.peering == ("lockstep" if "ha" in VALUE_SETS[name] else None)
+    assert parsed.leader_elect == ("ha" in VALUE_SETS[name])
 
 
 @pytest.mark.parametrize("name", ["webhook-self-signed", "webhook-cert-manager"])
@@ -581,9 +581,14 @@ CLUSTER_READ = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "nodes"): {"list", "watch"},
 }
-PEERING = {"list", "watch", "patch"}  # kopf peering never gets the object
-CLUSTER_PEERING = {("kopf.dev", "clusterkopfpeerings"): PEERING}
-NAMESPACED_PEERING = {("kopf.dev", "kopfpeerings"): PEERING}
+# In the release's namespace (Role `<release>-self`): the leader-election Lease and the
+# Event on it (ha.enabled), the Secret of the shared self-signed webhook certificate.
+LEASE = {
+    ("coordination.k8s.io", "leases"): {"create"},
+    ("coordination.k8s.io", "leases@lockstep"): {"get", "update"},
+    ("", "events"): {"create"},
+}
+CERT_SECRET = {("", "secrets"): {"create"}, ("", "secrets@lockstep-webhook-cert"): {"get"}}
 # Only with self-signed certificates, and only on this release's configurations.
 WEBHOOK_CA = {
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations@lockstep"): {"get", "patch"},
@@ -603,23 +608,29 @@ def granted(role: Obj) -> dict[tuple[str, str], set[str]]:
     return out
 
 
-RBAC_CASES: dict[str, tuple[dict[tuple[str, str], set[str]], dict[tuple[str, str], set[str]]]] = {
-    # value set: (rules in each watched namespace, cluster-wide rules)
-    "defaults": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}),
-    "webhook-cert-manager": (NAMESPACED_RULES, CLUSTER_READ),
-    "webhook-off": (NAMESPACED_RULES, CLUSTER_READ),
-    "ha": (NAMESPACED_RULES, {**CLUSTER_READ, **CLUSTER_PEERING}),
-    "cluster-rbac-some-namespaces": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}),
-    "namespaced-rbac": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}),
-    "ha-namespaced": ({**NAMESPACED_RULES, **NAMESPACED_PEERING}, CLUSTER_READ),
+Rules = dict[tuple[str, str], set[str]]
+RBAC_CASES: dict[str, tuple[Rules, Rules, Rules]] = {
+    # value set: (rules in each watched namespace, cluster-wide rules, in the release's)
+    "defaults": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}, CERT_SECRET),
+    "webhook-cert-manager": (NAMESPACED_RULES, CLUSTER_READ, {}),
+    "webhook-off": (NAMESPACED_RULES, CLUSTER_READ, {}),
+    "ha": (NAMESPACED_RULES, CLUSTER_READ, LEASE),
+    "ha-self-signed": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}, {**LEASE, **CERT_SECRET}),
+    "cluster-rbac-some-namespaces": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}, CERT_SECRET),
+    "namespaced-rbac": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}, CERT_SECRET),
+    "ha-namespaced": (NAMESPACED_RULES, CLUSTER_READ, LEASE),
 }
 
 
 @pytest.mark.parametrize("name", RBAC_CASES)
 def test_rbac_rules_are_exactly_the_documented_set(name: str) -> None:
     objs = render(VALUE_SETS[name])
-    namespaced, cluster = RBAC_CASES[name]
+    namespaced, cluster, own = RBAC_CASES[name]
     values = VALUE_SETS[name]
+    selves = [o for o in find(objs, "Role") if o["metadata"]["name"] == "lockstep-self"]
+    assert [granted(r) for r in selves] == ([own] if own else [])
+    assert all(r["metadata"]["namespace"] == NAMESPACE for r in selves)
+    objs = [o for o in objs if not o["metadata"]["name"].endswith("-self")]
     if values.get("rbac", {}).get("scope") == "Namespaced":
         roles = find(objs, "Role")
         assert sorted(r["metadata"]["namespace"] for r in roles) == values["watchNamespaces"]
@@ -646,7 +657,8 @@ def test_rbac_rules_are_exactly_the_documented_set(name: str) -> None:
 
 def test_namespaced_rbac_defaults_to_the_release_namespace() -> None:
     objs = render(VALUE_SETS["namespaced-release-namespace"])
-    assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == [NAMESPACE]
+    roles = [r for r in find(objs, "Role") if r["metadata"]["name"] == "lockstep"]
+    assert [r["metadata"]["namespace"] for r in roles] == [NAMESPACE]
 
 
 def test_no_rbac_without_rbac_create() -> None:
@@ -917,7 +929,7 @@ def test_install_venv_installs_the_operator_without_torch(tmp_path: Path) -> Non
     help_text = subprocess.run(
         [str(venv / "bin/lockstep"), "operator", "--help"], capture_output=True, text=True
     )
-    assert help_text.returncode == 0 and "--peering" in help_text.stdout
+    assert help_text.returncode == 0 and "--leader-elect" in help_text.stdout
     no_torch = subprocess.run([str(venv / "bin/python"), "-c", "import torch"], capture_output=True)
     assert no_torch.returncode != 0
     # What the init container of a stock SGLang pod does with this image: the runtime,

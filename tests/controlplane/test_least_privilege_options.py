@@ -11,14 +11,16 @@ rule grants), the webhooks judge a PDDeployment, and the operator creates that
 deployment's objects (pods and Services with blocking owner references, which the chart's
 update on pddeployments/finalizers allows under the plugin; the router's Role).
 
-2. HA (every namespace): two replicas meet in the chart's ClusterKopfPeering; their
-peering requests are allowed and use every verb of the chart's clusterkopfpeerings rule.
+2. HA with the self-signed webhook (every namespace): two replicas elect one leader
+through the chart's Lease and share one webhook certificate through the chart's Secret;
+the standby serves admission too (the validating webhook goes to one replica, the mutating
+one to the other, whichever leads); every request is allowed and every verb of the
+release namespace's Role (Lease, its Event, the certificate's Secret) is used.
 
 3. watchNamespaces with namespaced RBAC (a Role per watched namespace): the operator,
 watching exact names, does not list or watch namespaces cluster-wide (kopf's scanning is
 off then; this test first showed that refusal), and needs nothing else.
 
-Not checked against an API server: HA with watchNamespaces (a KopfPeering per namespace).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -230,52 +233,71 @@ def test_self_signed_webhook_operator_needs_no_more_than_the_chart_grants(
     assert unused(webhook_rules, events) == []
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_ha_replicas_need_no_more_than_the_chart_grants(tmp_path: Path) -> None:
-    values = {"ha": {"enabled": True, "replicas": 2}, "webhook": {"enabled": False}}
-    objs = render(values)
-    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
-    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    (peering,) = [o for o in objs if o["kind"] == "ClusterKopfPeering"]
-    assert f"--peering={peering['metadata']['name']}" in args, args
-    ports = ("--liveness-port", "--metrics-port")
-    args = [a for a in args if a.split("=", 1)[0] not in ports] + [f"{p}=0" for p in ports]
-    crds = sorted((REPO / "crds").glob("*.yaml"))
-    crds.append(REPO / "charts/lockstep/crds/kopfpeerings.kopf.dev.yaml")
-    with LocalControlPlane(audit_log=True, crds=crds) as cp:
+    objs = render({"ha": {"enabled": True, "replicas": 2}})
+    ports = [free_port(), free_port()]
+    names = ["lk-lockstep-a", "lk-lockstep-b"]
+    with LocalControlPlane(audit_log=True) as cp:
+        install_crd(cp)
+        ns = cp.new_namespace()
         cp.kubectl("create", "namespace", RELEASE_NAMESPACE)
         apply(cp, [o for o in objs if o["kind"] in RBAC_KINDS], "chart-rbac")
-        apply(cp, [peering], "chart-peering")
-        custom = k8s.CustomObjectsApi(cp.api_client())
+        # One webhook configuration to each replica: admission needs both, leader or not.
+        webhooks = [o for o in objs if o["kind"] in WEBHOOK_KINDS]
+        for doc, port in zip(sorted(webhooks, key=lambda o: o["kind"]), ports, strict=True):
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}"}
+        apply(cp, webhooks, "chart-webhooks")
+        api = cp.api_client()
+        custom, coord = k8s.CustomObjectsApi(api), k8s.CoordinationV1Api(api)
         kubeconfig = cp.user_kubeconfig(USER, GROUPS)
+        logs = [tmp_path / f"operator-{i}.log" for i in range(2)]
         replicas = [
-            start_operator(kubeconfig, args, tmp_path / f"operator-{i}.log") for i in range(2)
+            start_operator(
+                kubeconfig,
+                [*operator_args(objs, port), f"--leader-election-identity={name}"],
+                log,
+            )
+            for port, name, log in zip(ports, names, logs, strict=True)
         ]
         try:
 
-            def both_met() -> bool:
-                obj = custom.get_cluster_custom_object(
-                    "kopf.dev", "v1", "clusterkopfpeerings", peering["metadata"]["name"]
-                )
-                return len(obj.get("status") or {}) >= 2
+            def holder() -> str | None:
+                try:
+                    lease = coord.read_namespaced_lease(CONFIG, RELEASE_NAMESPACE)
+                except ApiException:
+                    return None
+                return str(lease.spec.holder_identity or "") or None
 
-            wait_for(both_met, 60, "both replicas in the ClusterKopfPeering")
-            time.sleep(3)  # a keep-alive or two
+            wait_for(holder, 60, "a replica to hold the chart's Lease")
+            pdd = load_example("pd-small")
+            pdd["metadata"]["namespace"] = ns
+            wait_for(lambda: _create(custom, ns, pdd), 90, "both webhooks to admit it")
+            # Both serve the one certificate the Secret keeps.
+            served = {ssl.get_server_certificate(("127.0.0.1", port)) for port in ports}
+            leader = holder()
+            time.sleep(4)  # renewals
+            assert holder() == leader
         finally:
             for proc in replicas:
                 stop_operator(proc)
-            for i in range(2):
-                text = (tmp_path / f"operator-{i}.log").read_text(errors="replace")
+            for i, log in enumerate(logs):
+                text = log.read_text(errors="replace")
                 print(f"--- replica {i}", *text.splitlines()[-15:], sep="\n")
         assert cp.audit_log is not None
         events = by_user(parse_audit_log(cp.audit_log.read_text().splitlines()), USER)
 
+    assert leader in names and len(served) == 1
+    standby = logs[names.index(leader) - 1].read_text()
+    assert "stands by" in standby and "leads" not in standby.split("stands by")[-1]
     granted = granted_permissions(objs, USER)
     assert_nothing_refused(events)
     assert not not_covered(events, granted)
-    peering_rules = [p for p in granted if p.api_group == "kopf.dev"]
-    assert {p.resource for p in peering_rules} == {"clusterkopfpeerings"}
-    assert [str(p) for p in unused(peering_rules, events)] == []
+    own = [p for p in granted if p.namespace == RELEASE_NAMESPACE]
+    assert {p.resource for p in own} == {"leases", "events", "secrets"}
+    assert [str(p) for p in unused(own, events)] == []
 
 
 @pytest.mark.timeout(300)

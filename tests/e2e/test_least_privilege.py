@@ -21,15 +21,11 @@ created; 0 replicas, the router process is not what this checks), its policy cha
 
 Value set: the chart's defaults with the webhook off. The drill's operator
 (`lockstep.dev.cluster.OperatorProcess`) runs every namespace (rbac.scope Cluster, the
-default), without webhook flags and without peering, which is what this value set
-renders (asserted below). The self-signed webhook's caBundle rule, the owner references
-under OwnerReferencesPermissionEnforcement and cluster-wide HA peering
-(clusterkopfpeerings) are checked as the ServiceAccount in
-tests/controlplane/test_least_privilege_options.py. Not checked against an API server: a
-chart with watchNamespaces (namespaced kopfpeerings only by the chart's rule table in
-tests/chart/test_chart.py; the operator then runs with --namespace, and kopf also lists
-and watches namespaces, which the chart does not grant: kopf logs the refusal and falls
-back to the names given).
+default), without webhook flags and without leader election, which is what this value
+set renders (asserted below). The self-signed webhook's caBundle and certificate Secret
+rules, the owner references under OwnerReferencesPermissionEnforcement and the HA
+Lease are checked as the ServiceAccount in
+tests/controlplane/test_least_privilege_options.py.
 """
 
 from __future__ import annotations

@@ -73,8 +73,9 @@ every namespace, which only rbac.scope Cluster can grant.
 {{- end }}
 {{- end }}
 
-{{- define "lockstep.peeringName" -}}
-{{- default (include "lockstep.fullname" .) .Values.ha.peeringName }}
+{{/* The Lease the replicas elect their leader with (ha.enabled), in the release's namespace. */}}
+{{- define "lockstep.leaseName" -}}
+{{- include "lockstep.fullname" . }}
 {{- end }}
 
 {{- define "lockstep.webhookServiceName" -}}
@@ -90,11 +91,13 @@ every namespace, which only rbac.scope Cluster can grant.
 {{- printf "%s-webhook-tls" (include "lockstep.fullname" .) }}
 {{- end }}
 
+{{/* The Secret the self-signed webhook certificate is kept in, shared by every replica. */}}
+{{- define "lockstep.webhookSelfSignedSecret" -}}
+{{- printf "%s-webhook-cert" (include "lockstep.fullname" .) }}
+{{- end }}
+
 {{/* Settings that cannot work together fail the render with the fix. */}}
 {{- define "lockstep.validate" -}}
-{{- if and .Values.ha.enabled .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
-{{- fail "ha.enabled with the webhook needs webhook.certManager.enabled=true: self-signed certificates are generated per replica and would overwrite each other's caBundle" }}
-{{- end }}
 {{- end }}
 
 {{/* What the validating and the mutating webhook share. */}}

@@ -90,13 +90,6 @@
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if and .Values.ha.enabled (include "lockstep.watchNamespaces" . | fromJsonArray) }}
-# HA: kopf peering per watched namespace (replicas list and watch the peering object and
-# patch their keep-alives into it; kopf never reads it with get).
-- apiGroups: ["kopf.dev"]
-  resources: ["kopfpeerings"]
-  verbs: ["list", "watch", "patch"]
-{{- end }}
 {{- end }}
 
 {{/* Rules for cluster-scoped objects. */}}
@@ -111,13 +104,6 @@
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list", "watch"]
-{{- if and .Values.ha.enabled (not (include "lockstep.watchNamespaces" . | fromJsonArray)) }}
-# HA, every namespace: kopf peering in one ClusterKopfPeering (list, watch, keep-alive
-# patches; no get).
-- apiGroups: ["kopf.dev"]
-  resources: ["clusterkopfpeerings"]
-  verbs: ["list", "watch", "patch"]
-{{- end }}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
 # Self-signed webhook certificate: the operator patches its CA into the caBundle of this
 # release's two webhook configurations, and no others.
@@ -125,5 +111,37 @@
   resources: ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"]
   resourceNames: [{{ include "lockstep.webhookConfigName" . | quote }}]
   verbs: ["get", "patch"]
+{{- end }}
+{{- end }}
+
+{{/* Rules in the release's own namespace (a Role there, whatever the scope). */}}
+{{- define "lockstep.releaseRules" -}}
+{{- if .Values.ha.enabled }}
+# Leader election: the replicas read, create and renew one Lease (an update under its
+# resourceVersion: of two writers one is refused), and the new leader posts an Event on it.
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+# (create cannot be limited to a name; reading and renewing can.)
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ include "lockstep.leaseName" . | quote }}]
+  verbs: ["get", "update"]
+# The Event on the Lease when a replica takes the lead.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
+# Self-signed webhook certificate: the first replica makes it and keeps it in one Secret,
+# every replica (and every restart) reads and serves that one.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+# (reading is limited to that one Secret.)
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: [{{ include "lockstep.webhookSelfSignedSecret" . | quote }}]
+  verbs: ["get"]
 {{- end }}
 {{- end }}

@@ -356,6 +356,35 @@ class ChartOperator:
             parts.append(f"kubelet errors: {self.kubelet.errors[-3:]}")
         return "\n".join(parts)
 
+    # ---------------------------------------------------------------- replicas (ha)
+
+    def ready_pods(self) -> list[dict[str, Any]]:
+        """Every operator pod that is Ready with its process running here."""
+        return [
+            p
+            for p in self.pods()
+            if not p["metadata"].get("deletionTimestamp") and _is_ready(p) and self.pid(p)
+        ]
+
+    def lease(self) -> dict[str, Any]:
+        """The spec of the chart's leader-election Lease ({} while there is none)."""
+        # The chart names the Lease after the release's full name (the release here).
+        with self.cp.http_client() as http:
+            response = http.get(
+                f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{RELEASE}"
+            )
+        if response.status_code != 200:
+            return {}
+        return dict(response.json().get("spec") or {})
+
+    def leader(self) -> str | None:
+        """The holder of the chart's leader-election Lease (a pod name), if any."""
+        holder = self.lease().get("holderIdentity")
+        return str(holder) if holder else None
+
+    def pod_named(self, name: str) -> dict[str, Any] | None:
+        return next((p for p in self.pods() if p["metadata"]["name"] == name), None)
+
     # ---------------------------------------------------------------- faults
 
     def kill(self) -> int:
@@ -399,6 +428,7 @@ class DevCluster:
         engine: EngineName = "standin",
         operator: OperatorMode = "chart",
         image_env: Mapping[str, str] | None = None,
+        chart_values: Mapping[str, Any] | None = None,
     ) -> None:
         """`operator` is how the operator runs (see the module docstring: `chart`, the
         default, or `process`); `before_operator` (process mode only) runs once the
@@ -427,6 +457,8 @@ class DevCluster:
         self.before_operator = before_operator
         self.engine = engine
         self.image_env = dict(image_env or {})
+        # Values the chart is installed with on top of CHART_VALUES (e.g. ha).
+        self.chart_values = dict(chart_values or {})
         self._stack = ExitStack()
         self.cp: LocalControlPlane | None = None
         self.kubelet: ProcessKubelet | None = None
@@ -470,7 +502,10 @@ class DevCluster:
                 )
             )
             if self.operator_mode == "chart":
-                chart = ChartOperator(self.cp, self.kubelet, self.workdir)
+                chart = ChartOperator(
+                    self.cp, self.kubelet, self.workdir,
+                    values={**CHART_VALUES, **self.chart_values},
+                )  # fmt: skip
                 self.operator = chart
                 chart.install()
                 self._start_log_linker(chart)

@@ -45,6 +45,7 @@ from lockstep import constants as c
 from lockstep.agent_client import agent_url
 from lockstep.dev.cluster import ChartOperator, DevCluster, restart_count, wait_for
 from lockstep.dev.faults import FaultKind, agent_token, group_pods, inject
+from lockstep.dev.ha_drill import HA_VALUES, run_ha
 from lockstep.dev.procmem import tree_pss_mib
 from lockstep.dev.traffic import (
     CLIENT_TIMEOUT_S,
@@ -79,6 +80,7 @@ SCENARIOS = (
     "node-drain",
     "unplaceable",
     "scale",
+    "ha",
 )
 # Scenarios that need more nodes than the default cluster's, in labelled pools.
 NODE_SCENARIOS = ("node-drain", "unplaceable")
@@ -213,6 +215,8 @@ class DrillResult:
     # Through the router, per incident: the requests it caught and how they ended, the
     # longest wait past the verdict, the streams it caught, the serving groups' loads.
     failover: list[dict[str, Any]] = field(default_factory=list)
+    # The ha drill: takeover times and writes from a woken former leader.
+    ha: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -279,6 +283,10 @@ class Drill:
             # loops): an image that carries it off, since no PDDeployment may switch a
             # lockstep guard off (policy rule operator-owned-env).
             options.setdefault("image_env", {"LOCKSTEP_CONSENSUS": "0"})
+        if scenario == "ha":
+            # Two operator replicas electing a leader; the audit log says who wrote what.
+            options.setdefault("chart_values", HA_VALUES)
+            options.setdefault("audit_log", True)
         if scenario in ("node-drain", "scale"):
             router = True  # the promises are about requests through the router
         self._own_dir = workdir is None
@@ -1053,6 +1061,9 @@ class Drill:
     def _pod_delete(self) -> None:
         # A pod that is gone cannot restart in place: the group is always recreated.
         self._expect_restart("RankDown", "delete-pod", mode="Recreate")
+
+    def _ha(self) -> None:
+        run_ha(self)
 
     def _restart_without_token(self) -> list[tuple[bool, str]]:
         """`POST /restart`, `GET /ranks` and `POST /stacks` to decode/0's agents with no

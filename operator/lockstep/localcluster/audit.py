@@ -15,6 +15,8 @@ and in the namespace of a RoleBinding that binds it.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,6 +43,14 @@ class AuditEvent:
     uri: str
     decision: str | None = None
     """`allow` or `forbid`: the authorizer's decision, when the log carries it."""
+    user_agent: str = ""
+    received_at: float | None = None
+    """When the API server received it (UNIX seconds)."""
+
+    @property
+    def write(self) -> bool:
+        """A request that changes something (not get, list or watch)."""
+        return self.verb not in ("get", "list", "watch")
 
     @property
     def refused(self) -> bool:
@@ -106,7 +116,17 @@ def parse_audit_line(line: str) -> AuditEvent | None:
         code=int((raw.get("responseStatus") or {}).get("code", 0)),
         uri=str(raw.get("requestURI", "")),
         decision=annotations.get("authorization.k8s.io/decision"),
+        user_agent=str(raw.get("userAgent", "")),
+        received_at=_timestamp(raw.get("requestReceivedTimestamp")),
     )
+
+
+def _timestamp(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    with contextlib.suppress(ValueError):
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return None
 
 
 def parse_audit_log(lines: Iterable[str]) -> list[AuditEvent]:
