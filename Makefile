@@ -31,7 +31,7 @@ demo: venv tools controlplane
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy operator/lockstep images/sglang/lockstep_sglang
+	$(BIN)/mypy operator/lockstep images/sglang/lockstep_sglang operator/dev/lockstep_dev operator/dev/lockstep_standin
 	$(BIN)/lint-imports --no-cache --no-logo
 
 # Every tier, in one pytest run; each tier also runs alone (make test-<tier>). The 25

@@ -31,7 +31,7 @@ import statistics
 from dataclasses import asdict
 from typing import Any
 
-from lockstep.dev.drills import run_drill
+from lockstep_dev.drills import run_drill
 
 FIGURES = (
     "passed",

@@ -2,7 +2,7 @@
 
 One local cluster per engine, the drill deployment (one prefill group, two decode groups
 of TP2 over two pods) behind the real sglang-router, traffic through the router from a
-client that waits as a real one does (two minutes, `lockstep.dev.traffic`), and one
+client that waits as a real one does (two minutes, `lockstep_dev.traffic`), and one
 incident after another in decode group 0, each recovered before the next: a desync, a
 hang, a killed rank (the decode killed mid-stream: a long stream is under way on the
 group each time) and a deleted pod. Per incident:
@@ -30,8 +30,8 @@ import argparse
 import json
 from typing import Any, cast
 
-from lockstep.dev.drills import Drill
-from lockstep.dev.faults import FaultKind
+from lockstep_dev.drills import Drill
+from lockstep_dev.faults import FaultKind
 
 VERDICTS: dict[str, str] = {
     "desync": "Desynced",

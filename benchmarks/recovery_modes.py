@@ -23,7 +23,7 @@ import statistics
 from dataclasses import asdict
 from typing import Any
 
-from lockstep.dev.drills import run_drill
+from lockstep_dev.drills import run_drill
 
 MODES = ("InPlace", "Recreate")
 FIGURES = (

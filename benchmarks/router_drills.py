@@ -19,7 +19,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from lockstep.dev.drills import run_drill
+from lockstep_dev.drills import run_drill
 
 FIGURES = (
     "passed",

@@ -74,7 +74,7 @@ def launch(
         }
         with open(pod_dir / "pod.log", "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "lockstep_sglang.standin", *argv],
+                [sys.executable, "-m", "lockstep_standin", *argv],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

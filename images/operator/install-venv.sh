@@ -20,7 +20,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-python3}
 
 # The files the operator's distribution is built from (the Dockerfile COPYs the same).
-sources=(pyproject.toml README.md operator images/sglang/lockstep_sglang)
+sources=(pyproject.toml README.md operator/lockstep images/sglang/lockstep_sglang)
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -29,9 +29,8 @@ for src in "${sources[@]}"; do
   cp -R "$repo/$src" "$stage/$src"
 done
 find "$stage" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
-# What Dockerfile.dockerignore keeps out: the local-cluster wing and the CPU stand-in.
-rm -rf "$stage/operator/lockstep/dev" "$stage/operator/lockstep/localcluster" \
-  "$stage/images/sglang/lockstep_sglang/standin"
+# The dev wing and the CPU stand-in (operator/dev) are not among the sources, nor in the
+# distribution's package list (pyproject.toml): the checks below prove they stay out.
 
 "$python" -m venv "$dir"
 pip=("$dir/bin/python" -m pip --disable-pip-version-check)
@@ -54,7 +53,7 @@ for module in ("kopf", "kubernetes", "httpx", "pydantic", "prometheus_client", "
         sys.exit(f"install-venv: the operator needs {module!r}, which is not installed")
 wing = [
     m
-    for m in ("lockstep.dev", "lockstep.localcluster", "lockstep_sglang.standin")
+    for m in ("lockstep_dev", "lockstep_standin")
     if importlib.util.find_spec(m) is not None
 ]
 if wing:

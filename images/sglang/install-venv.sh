@@ -21,7 +21,7 @@ python=${PYTHON:-python3}
 base_site=${BASE_SITE:-$("$repo/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')}
 
 # The files the Dockerfile copies (and Dockerfile.dockerignore lets through).
-sources=(pyproject.toml README.md operator images/sglang/lockstep_sglang)
+sources=(pyproject.toml README.md operator/lockstep images/sglang/lockstep_sglang)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 for src in "${sources[@]}"; do
@@ -29,9 +29,8 @@ for src in "${sources[@]}"; do
   cp -R "$repo/$src" "$stage/$src"
 done
 find "$stage" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
-# What Dockerfile.dockerignore keeps out: the local-cluster wing and the CPU stand-in.
-rm -rf "$stage/operator/lockstep/dev" "$stage/operator/lockstep/localcluster" \
-  "$stage/images/sglang/lockstep_sglang/standin"
+# The dev wing and the CPU stand-in (operator/dev) are not among the sources, nor in the
+# distribution's package list (pyproject.toml): the checks below prove they stay out.
 
 "$python" -m venv "$dir"
 site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -49,8 +48,8 @@ import lockstep_sglang
 where = Path(lockstep_sglang.__file__).resolve()
 if not where.is_relative_to(Path(sys.argv[1]).resolve()):
     sys.exit(f"install-venv: lockstep_sglang imported from {where}, not from the new environment")
-shipped = [p.name for p in (where.parent / "standin", where.parent.parent / "lockstep" / "dev",
-           where.parent.parent / "lockstep" / "localcluster") if p.exists()]
+shipped = [p.name for p in (where.parent.parent / "lockstep_dev",
+           where.parent.parent / "lockstep_standin") if p.exists()]
 if shipped:
     sys.exit(f"install-venv: {shipped} shipped in the runtime image; they are local-cluster only")
 PY

@@ -121,6 +121,16 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_dev_missing(args: argparse.Namespace) -> int:
+    print(
+        "lockstep dev: the local cluster (the dev wing, lockstep_dev) is not installed: it is "
+        "not part of the lockstep package. Run it from a source checkout: `make venv`, then "
+        ".venv/bin/lockstep dev ... (or `make demo`).",
+        file=sys.stderr,
+    )
+    return EXIT_UNREADABLE
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) until interrupted."""
     if args.runtime_image is not None:
@@ -245,11 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     crd.set_defaults(func=cmd_crd)
 
     try:
-        from lockstep.dev.cli import add_parser as add_dev_parser
+        from lockstep_dev.cli import add_parser as add_dev_parser
     except ImportError:
-        # The images leave the local-cluster wing out (images/*/install*.sh): `lockstep
-        # dev` runs from a source checkout only.
-        pass
+        # The dev wing is not in the wheel or the images (pyproject.toml's package list):
+        # `lockstep dev` runs from a source checkout's venv only. Say so.
+        dev = sub.add_parser("dev", help="the local cluster (from a source checkout only)")
+        dev.set_defaults(func=cmd_dev_missing)
     else:
         add_dev_parser(sub)
 

@@ -14,8 +14,10 @@ import functools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -941,4 +943,38 @@ def test_install_venv_installs_the_operator_without_torch(tmp_path: Path) -> Non
     assert copied.returncode == 0, copied.stderr
     assert (dest / "launch.py").is_file() and (dest / "bin/py-spy").is_file()
     assert (dest / "lockstep_sglang/launcher.py").is_file()
-    assert not (dest / "lockstep_sglang/standin").exists()
+    assert not (dest / "lockstep_standin").exists() and not (dest / "lockstep_dev").exists()
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_ships_no_dev_wing_and_no_stand_in(tmp_path: Path) -> None:
+    # `pip wheel .` of the checkout's sources, the dev wing among them (operator/dev): the
+    # package list in pyproject.toml is the one list that keeps it out.
+    src = tmp_path / "src"
+    for part in ("pyproject.toml", "README.md", "operator", "images/sglang/lockstep_sglang"):
+        (src / part).parent.mkdir(parents=True, exist_ok=True)
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, src / part)
+    assert (src / "operator/dev/lockstep_dev/drills.py").exists()
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(tmp_path),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    (wheel,) = tmp_path.glob("lockstep-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "lockstep/cli.py" in names and "lockstep_sglang/launcher.py" in names
+    wing = [n for n in names if n.split("/")[0] in ("lockstep_dev", "lockstep_standin")]
+    assert wing == [] and not [n for n in names if "localcluster" in n or "standin" in n]

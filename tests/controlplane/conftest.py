@@ -6,7 +6,7 @@ not free: the namespace controller keeps retrying the deletion of the tests' nam
 whose PDDeployments keep the operator's finalizer once their test's operator is gone
 (measured: about a third of a core, for as long as the pytest run lasts).
 
-The control plane (`lockstep.localcluster.LocalControlPlane`: etcd, kube-apiserver,
+The control plane (`lockstep_dev.localcluster.LocalControlPlane`: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler) is built once and cached by
 `.ci/build-controlplane`. A cold build takes minutes, more than one test's timeout, so it
 runs after collection when any test of this folder was selected, before the first test.
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lockstep.localcluster import (
+from lockstep_dev.localcluster import (
     ControlPlaneError,
     ControlPlaneExtension,
     LocalControlPlane,

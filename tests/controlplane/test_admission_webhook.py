@@ -16,7 +16,7 @@ from harness import GROUP, PLURAL, REPO, VERSION, OperatorProcess, install_crd, 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from lockstep.localcluster.controlplane import LocalControlPlane, find_kubectl
+from lockstep_dev.localcluster.controlplane import LocalControlPlane, find_kubectl
 
 CONFIG = "lk-lockstep"
 

@@ -24,9 +24,9 @@ import yaml
 from factories import REPO, IncidentScene, incident_scene
 
 from lockstep.builders import build_evidence_configmap
-from lockstep.localcluster import LocalControlPlane
 from lockstep.models import parse_pddeployment
 from lockstep.records import ANNOTATION_RESTART, manual_request
+from lockstep_dev.localcluster import LocalControlPlane
 
 PDDS = "/apis/lockstep.dev/v1alpha1/namespaces/{ns}/pddeployments"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}

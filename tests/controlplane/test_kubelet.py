@@ -19,10 +19,10 @@ import pytest
 from factories import pdd_obj
 
 from lockstep.builders import build_agent_token_secret, build_group_pods, dist_port
-from lockstep.localcluster import LocalControlPlane
-from lockstep.localcluster.kubelet import GPU_PRODUCT_LABEL, NodeShape, ProcessKubelet
 from lockstep.models import parse_pddeployment
 from lockstep.policy import evaluate
+from lockstep_dev.localcluster import LocalControlPlane
+from lockstep_dev.localcluster.kubelet import GPU_PRODUCT_LABEL, NodeShape, ProcessKubelet
 
 WAIT = 30.0
 GATE = "lockstep.dev/group-healthy"

@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from lockstep.kube import FencedApiClient
 from lockstep.leader import ElectionConfig, LeaderElector, LeaseIO, NotLeader
-from lockstep.localcluster.controlplane import LocalControlPlane
+from lockstep_dev.localcluster.controlplane import LocalControlPlane
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]
 

@@ -42,7 +42,7 @@ from harness import GROUP, PLURAL, REPO, VERSION, install_crd, wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from lockstep.localcluster.audit import (
+from lockstep_dev.localcluster.audit import (
     AuditEvent,
     by_user,
     granted_permissions,
@@ -52,7 +52,7 @@ from lockstep.localcluster.audit import (
     serviceaccount_user,
     unused,
 )
-from lockstep.localcluster.controlplane import LocalControlPlane
+from lockstep_dev.localcluster.controlplane import LocalControlPlane
 
 RELEASE, RELEASE_NAMESPACE = "lk", "lk-system"
 CONFIG = "lk-lockstep"  # the webhook configurations' name (the release's full name)

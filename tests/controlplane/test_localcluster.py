@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from lockstep.localcluster import LocalControlPlane
+from lockstep_dev.localcluster import LocalControlPlane
 
 WAIT = 30.0
 
@@ -69,7 +69,7 @@ def test_stop_leaves_nothing_behind_even_when_the_body_fails(controlplane_binary
 PARENT = """
 import json, sys, time
 from pathlib import Path
-from lockstep.localcluster import LocalControlPlane
+from lockstep_dev.localcluster import LocalControlPlane
 cp = LocalControlPlane(binary=Path(sys.argv[1])).start()
 print(json.dumps([cp.info.pid, *cp.info.components.values()]), flush=True)
 time.sleep(600)

@@ -1,5 +1,5 @@
 """Node maintenance on the local cluster: the real `kubectl cordon` and `kubectl drain`
-(`lockstep.localcluster.maintenance`) against the real API server, its eviction API and
+(`lockstep_dev.localcluster.maintenance`) against the real API server, its eviction API and
 the controller manager's disruption controller, with the process kubelet running the pods.
 
 A pod here is Ready once its process runs: the kubelet maps the `sleeper` command to a
@@ -20,10 +20,10 @@ from typing import Any
 import httpx
 import pytest
 
-from lockstep.dev.cluster import DevCluster
-from lockstep.localcluster import LocalControlPlane
-from lockstep.localcluster.kubelet import RACK_LABEL, ProcessKubelet, rack_labels
-from lockstep.localcluster.maintenance import Drain, cordon, drain, start_drain, uncordon
+from lockstep_dev.cluster import DevCluster
+from lockstep_dev.localcluster import LocalControlPlane
+from lockstep_dev.localcluster.kubelet import RACK_LABEL, ProcessKubelet, rack_labels
+from lockstep_dev.localcluster.maintenance import Drain, cordon, drain, start_drain, uncordon
 
 WAIT = 30.0
 PREFIX = "maint-gpu"

@@ -27,7 +27,7 @@ from harness import (
 )
 from kubernetes import client as k8s
 
-from lockstep.localcluster.controlplane import LocalControlPlane
+from lockstep_dev.localcluster.controlplane import LocalControlPlane
 
 NAME = "qwen-small"
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from factories import REPO, load_example, with_path
 
-from lockstep.localcluster import LocalControlPlane
+from lockstep_dev.localcluster import LocalControlPlane
 
 PDD_CRD = REPO / "crds" / "pddeployments.lockstep.dev.yaml"
 CRD_NAME = "pddeployments.lockstep.dev"

@@ -16,8 +16,8 @@ from factories import load_example, with_path
 from lockstep import constants as c
 from lockstep import rolescale as rs
 from lockstep.builders import role_selector
-from lockstep.localcluster import LocalControlPlane
 from lockstep.models import parse_pddeployment
+from lockstep_dev.localcluster import LocalControlPlane
 
 API = "/apis/lockstep.dev/v1alpha1"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}

@@ -13,10 +13,10 @@ import pytest
 from factories import pdd_obj
 
 from lockstep.builders import build_agent_token_secret, build_group_pods
-from lockstep.localcluster import LocalControlPlane
-from lockstep.localcluster.kubelet import ProcessKubelet
 from lockstep.models import parse_pddeployment
 from lockstep.policy import evaluate
+from lockstep_dev.localcluster import LocalControlPlane
+from lockstep_dev.localcluster.kubelet import ProcessKubelet
 
 RACK = "lockstep.dev/test-rack"
 RACKS = ("r0", "r0", "r1", "r1")

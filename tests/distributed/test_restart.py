@@ -31,7 +31,7 @@ from test_standin import AGENT_PORT, DIST_PORT, Launcher, StandinPod, generate, 
 
 from lockstep_sglang.agent import RESTART_EXIT_CODE, PodAgent, RestartOrder, descendants
 from lockstep_sglang.config import dist_port
-from lockstep_sglang.standin.protocol import expected_text
+from lockstep_standin.protocol import expected_text
 
 TOKEN = "t0ken-from-the-secret"
 RESTART_MAIN = Path(__file__).with_name("restart_main.py")

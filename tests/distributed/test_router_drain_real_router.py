@@ -31,7 +31,7 @@ from lockstep.agent_client import AgentClient
 from lockstep.executor import Deps, Execution
 from lockstep.models import parse_pddeployment
 from lockstep.router_workers import RouterWorker, admit_workers, drain_workers
-from lockstep_sglang.standin.protocol import expected_text
+from lockstep_standin.protocol import expected_text
 
 __all__ = ["launcher"]  # the fixture, used by name
 

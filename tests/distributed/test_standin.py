@@ -1,6 +1,6 @@
 """The CPU stand-in SGLang server: real pods of real gloo ranks, serving, probed, broken.
 
-Each pod is an independent ``python -m lockstep_sglang.standin`` process on its own
+Each pod is an independent ``python -m lockstep_standin`` process on its own
 loopback address with its own pod directory, started with the argv the operator renders,
 as the process kubelet starts them. The tests talk to them only from outside: HTTP on
 the leader pod, the pod agents' ``/ranks``, the fault file and ``ranks.json``.
@@ -30,8 +30,8 @@ from dist_support import wait_until
 
 from lockstep_sglang.faults import FaultWatcher, parse_fault
 from lockstep_sglang.rank_state import read_rank_states
-from lockstep_sglang.standin.protocol import expected_text
-from lockstep_sglang.standin.settings import parse_server_args
+from lockstep_standin.protocol import expected_text
+from lockstep_standin.settings import parse_server_args
 
 HTTP_PORT = 30000
 AGENT_PORT = 8999
@@ -153,7 +153,7 @@ class Launcher:
     ) -> StandinPod:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "lockstep_sglang.standin", *argv],
+                [sys.executable, "-m", "lockstep_standin", *argv],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,

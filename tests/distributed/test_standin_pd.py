@@ -21,7 +21,7 @@ import pytest
 from dist_support import wait_until
 from test_standin import HTTP_PORT, Launcher, StandinPod, launcher
 
-from lockstep_sglang.standin.protocol import expected_text
+from lockstep_standin.protocol import expected_text
 
 __all__ = ["launcher"]  # the fixture, used by name
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lockstep.dev.drills import DrillResult, run_drill
+from lockstep_dev.drills import DrillResult, run_drill
 
 
 def drill(scenario: str, **kw: Any) -> DrillResult:

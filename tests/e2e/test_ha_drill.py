@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockstep.dev.drills import Drill
+from lockstep_dev.drills import Drill
 
 
 @pytest.mark.timeout(600)

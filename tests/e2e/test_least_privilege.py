@@ -20,7 +20,7 @@ created; 0 replicas, the router process is not what this checks), its policy cha
 (e.g. for secrets) is checked the same way, with no change here: exercise it or drop it.
 
 Value set: the chart's defaults with the webhook off. The drill's operator
-(`lockstep.dev.cluster.OperatorProcess`) runs every namespace (rbac.scope Cluster, the
+(`lockstep_dev.cluster.OperatorProcess`) runs every namespace (rbac.scope Cluster, the
 default), without webhook flags and without leader election, which is what this value
 set renders (asserted below). The self-signed webhook's caBundle and certificate Secret
 rules, the owner references under OwnerReferencesPermissionEnforcement and the HA
@@ -42,8 +42,9 @@ from kubernetes import client as k8s
 
 from lockstep import constants as c
 from lockstep.builders import build_router
-from lockstep.dev.drills import NAME, NAMESPACE, Drill, drill_spec
-from lockstep.localcluster.audit import (
+from lockstep.models import parse_pddeployment
+from lockstep_dev.drills import NAME, NAMESPACE, Drill, drill_spec
+from lockstep_dev.localcluster.audit import (
     AuditEvent,
     Permission,
     by_user,
@@ -54,8 +55,7 @@ from lockstep.localcluster.audit import (
     serviceaccount_user,
     unused,
 )
-from lockstep.localcluster.controlplane import LocalControlPlane, repo_root
-from lockstep.models import parse_pddeployment
+from lockstep_dev.localcluster.controlplane import LocalControlPlane, repo_root
 
 REPO = repo_root() or Path(__file__).resolve().parents[2]
 RELEASE = "lockstep"

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lockstep.dev.cluster import RELEASE, RELEASE_NAMESPACE, DevCluster, restart_count, wait_for
-from lockstep.localcluster.audit import by_user, parse_audit_log, serviceaccount_user
-from lockstep.localcluster.controlplane import find_kubectl, repo_root
+from lockstep_dev.cluster import RELEASE, RELEASE_NAMESPACE, DevCluster, restart_count, wait_for
+from lockstep_dev.localcluster.audit import by_user, parse_audit_log, serviceaccount_user
+from lockstep_dev.localcluster.controlplane import find_kubectl, repo_root
 
 REPO = repo_root() or Path(__file__).resolve().parents[2]
 NAMESPACE = "lockstep-webhook-e2e"

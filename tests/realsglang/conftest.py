@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from server import RealServer
 
-from lockstep.localcluster import sglang_cpu
+from lockstep_dev.localcluster import sglang_cpu
 
 
 @pytest.fixture(scope="session")

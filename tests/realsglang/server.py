@@ -2,7 +2,7 @@
 
 ``RealServer`` starts the launcher exactly as a pod's container would (the launcher as
 the main process, its pod agent, the engine with lockstep's hooks, SGLang's schedulers)
-with the CPU support of :mod:`lockstep.localcluster.sglang_cpu`, on free local ports,
+with the CPU support of :mod:`lockstep_dev.localcluster.sglang_cpu`, on free local ports,
 with its own state directory and log, and kills its whole process group when the test
 ends. Every wait is bounded.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from lockstep.localcluster import sglang_cpu
+from lockstep_dev.localcluster import sglang_cpu
 
 TOKEN = "real-sglang-test-token"
 HOST = "127.0.0.1"

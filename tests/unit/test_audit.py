@@ -1,11 +1,11 @@
-"""Reading an audit log against RBAC (lockstep.localcluster.audit), on hand-written lines."""
+"""Reading an audit log against RBAC (lockstep_dev.localcluster.audit), on hand-written lines."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from lockstep.localcluster.audit import (
+from lockstep_dev.localcluster.audit import (
     Permission,
     by_user,
     granted_permissions,

@@ -21,7 +21,7 @@ def test_import_contracts_are_kept() -> None:
     lint_imports = Path(sysconfig.get_path("scripts")) / "lint-imports"
     assert lint_imports.exists(), f"{lint_imports} is missing: pip install -e '.[dev]'"
     # This checkout's packages, whichever checkout the venv was installed from.
-    path = os.pathsep.join(str(REPO / p) for p in ("operator", "images/sglang"))
+    path = os.pathsep.join(str(REPO / p) for p in ("operator", "images/sglang", "operator/dev"))
     env = {**os.environ, "PYTHONPATH": path}
     out = subprocess.run(
         [str(lint_imports), "--no-cache", "--no-logo"],

@@ -149,14 +149,14 @@ def test_readme_documents_every_policy_rule() -> None:
 
 
 def test_dev_engine_choices_are_the_local_clusters_engines() -> None:
-    from lockstep.dev import cli as dev_cli
-    from lockstep.localcluster.engines import ENGINES
+    from lockstep_dev import cli as dev_cli
+    from lockstep_dev.localcluster.engines import ENGINES
 
     assert tuple(dev_cli.ENGINE_CHOICES) == ENGINES
 
 
 def test_a_scenario_the_real_engine_cannot_run_is_refused_with_the_ones_it_can() -> None:
-    from lockstep.dev.drills import Drill
+    from lockstep_dev.drills import Drill
 
     with pytest.raises(ValueError, match="runs on the stand-in only") as err:
         Drill("baseline", engine="sglang")

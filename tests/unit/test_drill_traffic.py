@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep import constants as c
-from lockstep.dev.traffic import request_log_arrivals, router_endpoint
+from lockstep_dev.traffic import request_log_arrivals, router_endpoint
 
 
 def router_pod(name: str, ip: str | None, ready: bool, **meta: Any) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from lockstep.cli import build_parser
-from lockstep.dev.drills import NODE_SCENARIOS, SCENARIOS
-from lockstep.localcluster.engines import ContainerContext, engine
-from lockstep.localcluster.kubelet import local_argv
-from lockstep.localcluster.serviceproxy import RouteError, resolve
+from lockstep_dev.drills import NODE_SCENARIOS, SCENARIOS
+from lockstep_dev.localcluster.engines import ContainerContext, engine
+from lockstep_dev.localcluster.kubelet import local_argv
+from lockstep_dev.localcluster.serviceproxy import RouteError, resolve
 
 OPERATOR = {
     "name": "operator",
@@ -124,8 +124,8 @@ def test_every_drill_deployment_passes_the_models_and_the_policy(
     scenario: str, tmp_path: Path
 ) -> None:
     # The drills (e2e tier) run these specs through the webhook and the operator.
-    from lockstep.dev.drills import REAL_SGLANG_SCENARIOS, Drill, drill_spec
     from lockstep.webhook import review
+    from lockstep_dev.drills import REAL_SGLANG_SCENARIOS, Drill, drill_spec
 
     engines = ["standin", *(["sglang"] if scenario in REAL_SGLANG_SCENARIOS else [])]
     for name in engines:
@@ -137,7 +137,7 @@ def test_every_drill_deployment_passes_the_models_and_the_policy(
 
 
 def test_the_baseline_drill_runs_without_the_consensus_from_the_image(tmp_path: Path) -> None:
-    from lockstep.dev.drills import Drill
+    from lockstep_dev.drills import Drill
 
     drill = Drill("baseline", workdir=tmp_path)
     assert drill.cluster.image_env == {"LOCKSTEP_CONSENSUS": "0"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lockstep.dev.procmem import tree, tree_pss_mib
+from lockstep_dev.procmem import tree, tree_pss_mib
 
 
 def fake_proc(root: Path, procs: dict[int, tuple[int, int | None]]) -> Path:

@@ -38,7 +38,7 @@ ends every held request the same way before it exits (:func:`end_everything`).
 
 Engine-agnostic: an engine supplies a :class:`RequestBook` (SGLang's tokenizer manager in
 :mod:`lockstep_sglang.server_hooks`, the CPU stand-in's frontend in
-:mod:`lockstep_sglang.standin.server`).
+:mod:`lockstep_standin.server`).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pathlib import Path
 from lockstep_sglang import __version__
 
 PACKAGE = Path(__file__).resolve().parent
-EXCLUDED = ("standin", "__pycache__")
+EXCLUDED = ("__pycache__",)
 LAUNCH = '''\
 """lockstep's SGLang launcher, injected by lockstep-runtime-install (lockstep_sglang.install)."""
 import os

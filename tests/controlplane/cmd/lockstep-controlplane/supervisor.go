@@ -25,7 +25,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
-// Names inside the control plane's directory; the Python side (lockstep.localcluster)
+// Names inside the control plane's directory; the Python side (lockstep_dev.localcluster)
 // reads ready.json and nothing else, so these may change together with this file.
 const (
 	pkiDirName                  = "pki"

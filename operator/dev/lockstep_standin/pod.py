@@ -41,14 +41,14 @@ from lockstep_sglang.agent import RESTART_EXIT_CODE, PodAgent, RestartOrder
 from lockstep_sglang.config import resolve_epoch
 from lockstep_sglang.launcher import engine_exit
 from lockstep_sglang.rank_state import archive_previous, mark_incarnation, write_engine_exit
-from lockstep_sglang.standin.settings import (
+from lockstep_standin.settings import (
     RANK_SPEC_ENV,
     PodSettings,
     RankSpec,
     parse_server_args,
 )
 
-logger = logging.getLogger("lockstep_sglang.standin.pod")
+logger = logging.getLogger("lockstep_standin.pod")
 
 RANKS_FILE = "ranks.json"
 EXIT_REFUSED = 2
@@ -148,7 +148,7 @@ class Pod:
                 cmd = [
                     sys.executable,
                     "-m",
-                    "lockstep_sglang.standin.scheduler",
+                    "lockstep_standin.scheduler",
                     "--rank",
                     str(rank),
                 ]
@@ -175,7 +175,7 @@ class Pod:
         """The leader's HTTP server, on its own thread (imports FastAPI only here)."""
         import uvicorn
 
-        from lockstep_sglang.standin.server import Frontend, build_app
+        from lockstep_standin.server import Frontend, build_app
 
         frontend = Frontend(pipes[0], pipes[1], self.settings)
         frontend.start()
@@ -344,7 +344,7 @@ class Pod:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lockstep_sglang.standin <SGLang server argv>``; the process exits here."""
+    """``python -m lockstep_standin <SGLang server argv>``; the process exits here."""
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s standin pod %(levelname)s %(name)s: %(message)s",

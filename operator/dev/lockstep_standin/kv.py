@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-logger = logging.getLogger("lockstep_sglang.standin.kv")
+logger = logging.getLogger("lockstep_standin.kv")
 
 KV_ROUTE = "/lockstep/kv/"
 BOOTSTRAP_TIMEOUT_ENV = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"

@@ -66,7 +66,7 @@ from lockstep_sglang.failover import (
 from lockstep_sglang.failover import add_routes as add_failover_routes
 from lockstep_sglang.inflight import INFLIGHT_ROUTE, InflightCounter, InflightMiddleware
 from lockstep_sglang.probe import ProbeGate, ProbeReply
-from lockstep_sglang.standin.kv import (
+from lockstep_standin.kv import (
     BootstrapServer,
     KVError,
     KVHandoff,
@@ -75,7 +75,7 @@ from lockstep_sglang.standin.kv import (
     fetch_handoff,
     prompt_digest,
 )
-from lockstep_sglang.standin.protocol import (
+from lockstep_standin.protocol import (
     AbortRequest,
     GenerateRequest,
     GenerateResult,
@@ -85,9 +85,9 @@ from lockstep_sglang.standin.protocol import (
     prompt_tokens,
     token_id,
 )
-from lockstep_sglang.standin.settings import MAX_PENDING, PodSettings
+from lockstep_standin.settings import MAX_PENDING, PodSettings
 
-logger = logging.getLogger("lockstep_sglang.standin.server")
+logger = logging.getLogger("lockstep_standin.server")
 
 PROBE_ROUTE = "/lockstep/probe"
 REQUEST_LOG = "requests.jsonl"

@@ -22,10 +22,10 @@ What a container becomes (`COMMANDS` is the default table; pass `commands=` to c
 its keys are leading words of command + args, so `("python3", "-m", "sglang_router...")`
 can map one program without mapping every `python3`):
 
-- command `["lockstep-sglang"]` runs `[sys.executable, "-m", "lockstep_sglang.standin",
+- command `["lockstep-sglang"]` runs `[sys.executable, "-m", "lockstep_standin",
   *args]`, the CPU stand-in of the SGLang image; the image itself is ignored. With
   `engine=engine("sglang")` it runs the real launcher and the real SGLang server on CPU
-  instead, with what a CPU-only machine needs added (`lockstep.localcluster.engines`);
+  instead, with what a CPU-only machine needs added (`lockstep_dev.localcluster.engines`);
 - `["python3", "-m", "sglang_router.launch_router", ...]` (the router the operator renders)
   runs the real sglang-router launcher with this interpreter (`sglang-router` installed
   here), exactly with the pod's args;
@@ -53,7 +53,7 @@ can map one program without mapping every `python3`):
 
 Logs: each run of a container appends to `<pod dir>/container.log` after a header line;
 `log_tail()` reads it here, and the API server's pods/log (`kubectl logs [--previous]`, the
-operator's incident evidence) reaches it through `lockstep.localcluster.containerlogs`,
+operator's incident evidence) reaches it through `lockstep_dev.localcluster.containerlogs`,
 served on 127.0.0.1 at the port each Node advertises.
 
 Pods are watched (list, then watch from the list's resourceVersion, relisting on 410);
@@ -87,9 +87,9 @@ from typing import Any, Self
 
 import httpx
 
-from lockstep.localcluster.containerlogs import ContainerLogServer, run_header
-from lockstep.localcluster.controlplane import ControlPlaneError, LocalControlPlane
-from lockstep.localcluster.engines import (
+from lockstep_dev.localcluster.containerlogs import ContainerLogServer, run_header
+from lockstep_dev.localcluster.controlplane import ControlPlaneError, LocalControlPlane
+from lockstep_dev.localcluster.engines import (
     CommandTable,
     ContainerContext,
     Engine,
@@ -102,7 +102,7 @@ Obj = dict[str, Any]
 COMMANDS: CommandTable = engine("standin").commands
 """The default table: the SGLang image's entry point runs the CPU stand-in, and the
 router image's runs the real sglang-router with this interpreter (see
-:mod:`lockstep.localcluster.engines`; `ProcessKubelet(engine=engine("sglang"))` runs the
+:mod:`lockstep_dev.localcluster.engines`; `ProcessKubelet(engine=engine("sglang"))` runs the
 real SGLang server instead)."""
 
 INHERITED_ENV: tuple[str, ...] = (

@@ -1,6 +1,6 @@
 """CPU stand-in for the patched SGLang server: what a local-cluster "GPU pod" runs.
 
-``python -m lockstep_sglang.standin <SGLang server argv>`` behaves, for the operator,
+``python -m lockstep_standin <SGLang server argv>`` behaves, for the operator,
 like ``lockstep-sglang`` on a GPU node: real ``torch.distributed`` gloo TP ranks in
 separate processes, joined across the pods of a group, running a scheduler loop shaped
 like SGLang's with the real runtime pieces (:class:`lockstep_sglang.standalone.StandaloneRank`:
@@ -91,7 +91,7 @@ come). Every generation request is logged to ``requests.jsonl`` in the pod direc
 when it arrives and when it is answered or fails. Requests
 that get no answer within ``LOCKSTEP_STANDIN_REQUEST_TIMEOUT_S`` get 504, and rank 0
 drops or aborts them on every rank; 503 above 1024 waiting requests; streaming is refused
-(400). Text is deterministic: :func:`lockstep_sglang.standin.protocol.expected_text`.
+(400). Text is deterministic: :func:`lockstep_standin.protocol.expected_text`.
 
 Never imports the operator package; torch is imported only by the rank processes.
 """

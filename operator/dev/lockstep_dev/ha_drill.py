@@ -29,11 +29,11 @@ import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockstep.dev.cluster import ChartOperator, restart_count
-from lockstep.localcluster.audit import parse_audit_log
+from lockstep_dev.cluster import ChartOperator, restart_count
+from lockstep_dev.localcluster.audit import parse_audit_log
 
 if TYPE_CHECKING:
-    from lockstep.dev.drills import Drill
+    from lockstep_dev.drills import Drill
 
 HA_VALUES = {"ha": {"enabled": True, "replicas": 2}}
 STOPPED_S = 30.0

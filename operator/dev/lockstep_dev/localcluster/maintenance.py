@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from lockstep.localcluster.controlplane import find_kubectl
+from lockstep_dev.localcluster.controlplane import find_kubectl
 
 PROCESS_SLACK_S = 30.0
 """How long past its own `--timeout` a kubectl may run before its process group is killed

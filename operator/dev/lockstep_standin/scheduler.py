@@ -1,7 +1,7 @@
 """One TP rank of the stand-in: a real gloo rank running a scheduler loop shaped like SGLang's.
 
-Started by the pod (:mod:`lockstep_sglang.standin.pod`) as
-``python -m lockstep_sglang.standin.scheduler --rank N`` with its :class:`RankSpec` in
+Started by the pod (:mod:`lockstep_standin.pod`) as
+``python -m lockstep_standin.scheduler --rank N`` with its :class:`RankSpec` in
 ``LOCKSTEP_STANDIN_RANK_SPEC``. The process:
 
 1. bounds every gloo group's timeout (:mod:`lockstep_sglang.gloo_timeout`), then joins
@@ -49,7 +49,7 @@ from lockstep_sglang.consensus import create_dedicated_groups
 from lockstep_sglang.faults import FAULT_FILE, FaultWatcher
 from lockstep_sglang.probe import ProbeRequest, drop_expired
 from lockstep_sglang.standalone import StandaloneRank, broadcast_pyobj
-from lockstep_sglang.standin.protocol import (
+from lockstep_standin.protocol import (
     AbortRequest,
     GenerateRequest,
     GenerateResult,
@@ -60,9 +60,9 @@ from lockstep_sglang.standin.protocol import (
     prompt_tokens,
     token_id,
 )
-from lockstep_sglang.standin.settings import MAX_RUNNING, RANK_SPEC_ENV, RankSpec
+from lockstep_standin.settings import MAX_RUNNING, RANK_SPEC_ENV, RankSpec
 
-logger = logging.getLogger("lockstep_sglang.standin.scheduler")
+logger = logging.getLogger("lockstep_standin.scheduler")
 
 MAX_PULL = 512  # messages rank 0 takes from the HTTP server per iteration
 PR_SET_PDEATHSIG = 1

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from lockstep.dev.cluster import DevCluster
-from lockstep.localcluster.engines import ENGINES
+from lockstep_dev.cluster import DevCluster
+from lockstep_dev.localcluster.engines import ENGINES
 
 
 def main() -> None:

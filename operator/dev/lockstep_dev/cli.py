@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-# lockstep.localcluster.engines.ENGINES (not imported here: `lockstep --help` stays fast).
+# lockstep_dev.localcluster.engines.ENGINES (not imported here: `lockstep --help` stays fast).
 ENGINE_CHOICES = ("standin", "sglang")
 ENGINE_HELP = (
     "what SGLang pods run: the fast CPU stand-in (default), or the real SGLang 0.5.23 "
@@ -95,7 +95,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 0
     directory.mkdir(parents=True, exist_ok=True)
     state.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "lockstep.dev.supervisor", "--dir", str(directory)]
+    cmd = [sys.executable, "-m", "lockstep_dev.supervisor", "--dir", str(directory)]
     if args.file:
         cmd += ["--file", str(Path(args.file).resolve())]
     cmd += ["--engine", args.engine]
@@ -180,7 +180,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_inject(args: argparse.Namespace) -> int:
-    from lockstep.dev.faults import inject
+    from lockstep_dev.faults import inject
 
     info = _state(args.dir)
     api, k8s = _api(info)
@@ -199,7 +199,7 @@ def cmd_inject(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from lockstep.dev.drills import SCENARIOS, Drill
+    from lockstep_dev.drills import SCENARIOS, Drill
 
     if args.scenario not in SCENARIOS:
         print(
@@ -230,7 +230,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         result = drill.run()
         print(result.to_json())
         return 0 if result.passed else 1
-    from lockstep.dev.view import run_with_live_view
+    from lockstep_dev.view import run_with_live_view
 
     return run_with_live_view(drill)
 

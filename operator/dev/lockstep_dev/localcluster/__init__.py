@@ -3,10 +3,10 @@
 
 `LocalControlPlane` builds (once, cached) and runs etcd, kube-apiserver,
 kube-controller-manager and kube-scheduler from Kubernetes' own Go modules; see
-`lockstep.localcluster.controlplane`.
+`lockstep_dev.localcluster.controlplane`.
 """
 
-from lockstep.localcluster.controlplane import (
+from lockstep_dev.localcluster.controlplane import (
     BINARY_ENV,
     KUBECTL_ENV,
     TEST_NAMESPACE_LABEL,

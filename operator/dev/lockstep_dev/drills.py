@@ -43,11 +43,18 @@ import yaml
 
 from lockstep import constants as c
 from lockstep.agent_client import agent_url
-from lockstep.dev.cluster import ChartOperator, DevCluster, restart_count, wait_for
-from lockstep.dev.faults import FaultKind, agent_token, group_pods, inject
-from lockstep.dev.ha_drill import HA_VALUES, run_ha
-from lockstep.dev.procmem import tree_pss_mib
-from lockstep.dev.traffic import (
+from lockstep.records import ANNOTATION_RESTART
+from lockstep.router_workers import serving_workers
+from lockstep_dev.cluster import ChartOperator, DevCluster, restart_count, wait_for
+from lockstep_dev.faults import FaultKind, agent_token, group_pods, inject
+from lockstep_dev.ha_drill import HA_VALUES, run_ha
+from lockstep_dev.localcluster import sglang_cpu
+from lockstep_dev.localcluster.controlplane import repo_root
+from lockstep_dev.localcluster.engines import ENGINES, EngineName
+from lockstep_dev.localcluster.kubelet import RACK_LABEL
+from lockstep_dev.localcluster.maintenance import kubectl_argv, start_drain
+from lockstep_dev.procmem import tree_pss_mib
+from lockstep_dev.traffic import (
     CLIENT_TIMEOUT_S,
     ROUTER,
     Stream,
@@ -56,13 +63,6 @@ from lockstep.dev.traffic import (
     request_log_arrivals,
     router_endpoint,
 )
-from lockstep.localcluster import sglang_cpu
-from lockstep.localcluster.controlplane import repo_root
-from lockstep.localcluster.engines import ENGINES, EngineName
-from lockstep.localcluster.kubelet import RACK_LABEL
-from lockstep.localcluster.maintenance import kubectl_argv, start_drain
-from lockstep.records import ANNOTATION_RESTART
-from lockstep.router_workers import serving_workers
 
 SCENARIOS = (
     "desync",

@@ -11,8 +11,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from lockstep import constants as c
-from lockstep.dev.drills import Drill, DrillResult
-from lockstep.dev.traffic import ROUTER
+from lockstep_dev.drills import Drill, DrillResult
+from lockstep_dev.traffic import ROUTER
 
 STATE_STYLE = {
     "Healthy": "green",

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from lockstep.localcluster.controlplane import repo_root
+from lockstep_dev.localcluster.controlplane import repo_root
 
 MODEL_DIR_NAME = "tiny-qwen2"
 LIBS_DIR_NAME = "sglang-cpu-libs"

@@ -4,12 +4,12 @@ real SGLang server.
 The operator renders every SGLang pod with the image's entrypoint `lockstep-sglang` and
 SGLang's own argv; the process kubelet maps that entrypoint to a local program:
 
-- `standin` (the default, fast): `python -m lockstep_sglang.standin`, real gloo ranks
+- `standin` (the default, fast): `python -m lockstep_standin`, real gloo ranks
   running a scheduler loop shaped like SGLang's with lockstep's real runtime pieces;
 - `sglang` (the reference): `python -m lockstep_sglang.launcher`, the product's own
   entrypoint running the real SGLang 0.5.23 server with lockstep's hooks, on CPU. What a
   CPU-only machine adds around it (the tiny model's flags, `sgl_kernel`'s stand-in, the
-  mooncake libraries) comes from :mod:`lockstep.localcluster.sglang_cpu`, as a CPU image
+  mooncake libraries) comes from :mod:`lockstep_dev.localcluster.sglang_cpu`, as a CPU image
   would carry it; the pod keeps its rendered argv and env otherwise. Each pod also gets
   its own state directory (a pod's `/dev/shm`: here every pod shares the machine's), its
   agent bound to the pod's address, the test-only fault switch
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lockstep import constants as c
-from lockstep.localcluster import sglang_cpu
+from lockstep_dev.localcluster import sglang_cpu
 
 EngineName = Literal["standin", "sglang"]
 ENGINES: tuple[EngineName, ...] = ("standin", "sglang")
@@ -61,13 +61,13 @@ INSTALLER = (sys.executable, "-m", "lockstep_sglang.install")
 # The real engine runs the injected launcher itself: `complete` puts the local path of
 # the pod's copy in place of this word.
 INJECTED_LAUNCH = "<runtime volume>/launch.py"
-STANDIN = (sys.executable, "-m", "lockstep_sglang.standin")
+STANDIN = (sys.executable, "-m", "lockstep_standin")
 OPERATOR_ENTRYPOINT = ("lockstep", "operator")  # charts/lockstep/templates/deployment.yaml
 OPERATOR = (sys.executable, "-m", "lockstep.cli", "operator")
 BIND_ADDRESS_FLAG = "--bind-address"
 FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"  # lockstep_sglang.faults (not importable here)
 FAULT_FILE = "fault.json"
-REQUEST_LOG = "requests.jsonl"  # the stand-in's name (lockstep.dev.traffic reads it)
+REQUEST_LOG = "requests.jsonl"  # the stand-in's name (lockstep_dev.traffic reads it)
 GPU_RESOURCE = "nvidia.com/gpu"
 
 

@@ -46,7 +46,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from lockstep.localcluster.serviceproxy import ServiceProxy
+from lockstep_dev.localcluster.serviceproxy import ServiceProxy
 
 BINARY_NAME = "lockstep-controlplane"
 BINARY_ENV = "LOCKSTEP_CONTROLPLANE_BIN"
@@ -222,7 +222,7 @@ class LocalControlPlane:
 
     `route_services` gives the API server a route to Services (webhooks and aggregated
     APIs behind a Service reach a ready pod of it) through a
-    :class:`~lockstep.localcluster.serviceproxy.ServiceProxy`, as kube-proxy would.
+    :class:`~lockstep_dev.localcluster.serviceproxy.ServiceProxy`, as kube-proxy would.
     """
 
     def __init__(

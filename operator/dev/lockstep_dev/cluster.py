@@ -38,10 +38,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from lockstep import constants as c
-from lockstep.localcluster import sglang_cpu
-from lockstep.localcluster.controlplane import LocalControlPlane, find_helm, repo_root
-from lockstep.localcluster.engines import EngineName, engine
-from lockstep.localcluster.kubelet import (
+from lockstep_dev.localcluster import sglang_cpu
+from lockstep_dev.localcluster.controlplane import LocalControlPlane, find_helm, repo_root
+from lockstep_dev.localcluster.engines import EngineName, engine
+from lockstep_dev.localcluster.kubelet import (
     LOG_NAME,
     NodeShape,
     ProcessKubelet,
@@ -436,7 +436,7 @@ class DevCluster:
         use instead of the admin one (e.g. the chart's ServiceAccount bound to the
         chart's RBAC, for the least-privilege drill); `audit_log` turns the API server's
         audit log on; `engine` is what SGLang pods run (`standin`, or `sglang`: the real
-        server on CPU, see :mod:`lockstep.localcluster.engines`); `image_env` is env the
+        server on CPU, see :mod:`lockstep_dev.localcluster.engines`); `image_env` is env the
         local SGLang image carries (the baseline drill's runtime without lockstep's
         consensus: a PDDeployment may not switch it off).
 
