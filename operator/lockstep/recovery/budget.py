@@ -1,0 +1,43 @@
+"""Shared service: the restart budget and backoff of a group (how many restarts in the
+window, when the next may start, whether one may start now)."""
+
+from __future__ import annotations
+
+from lockstep.models import RecoverySpec
+from lockstep.recovery.core import Round
+from lockstep.recovery.inputs import RoleSettings
+from lockstep.recovery.record import GroupRecord
+
+
+def restarts_in_window(record: GroupRecord, recovery: RecoverySpec, now: float) -> int:
+    """Restarts of the group within the budget window ending now."""
+    window = recovery.budget.window_seconds
+    return sum(1 for t in record.restart_times if now - t < window)
+
+
+def backoff_until(record: GroupRecord, recovery: RecoverySpec) -> float | None:
+    """When the next restart of the group may start (None: at once)."""
+    if record.backoff_streak == 0 or record.last_restart_at is None:
+        return None
+    b = recovery.backoff
+    # Cap the exponent: the delay saturates at max_seconds long before 2^32.
+    delay = min(b.base_seconds << min(record.backoff_streak - 1, 32), b.max_seconds)
+    return record.last_restart_at + delay
+
+
+def restart_allowed(record: GroupRecord, settings: RoleSettings, now: float) -> bool:
+    """The group may take a slot now (budget left and backoff over, or a manual request)."""
+    if record.manual or record.maintenance:
+        return True  # a person asked, or a move for maintenance: not a failure
+    if restarts_in_window(record, settings.recovery, now) >= settings.recovery.budget.restarts:
+        return False
+    until = backoff_until(record, settings.recovery)
+    return until is None or now >= until
+
+
+def reset_streak(r: Round) -> None:
+    """A group healthy for `backoff.resetAfterSeconds` starts its next streak afresh."""
+    reset = r.s.recovery.backoff.reset_after_seconds
+    since = r.rec.healthy_since
+    if r.rec.backoff_streak and since is not None and r.now - since >= reset:
+        r.update(backoff_streak=0)

@@ -1,0 +1,170 @@
+"""Concern: detection. Each probe observation counted once; a failure of a group in
+service makes it Suspect, and `failureThreshold` of them (or one immediate verdict) open
+the incident and start recovery; a starting epoch passes its first deep probe or fails
+its attempt. Owns the steps Starting, Healthy, Suspect, Observing, WaitingProbe."""
+
+from __future__ import annotations
+
+from lockstep.recovery import incidents
+from lockstep.recovery.core import Round
+from lockstep.recovery.steps import SUSPECT_EVENT_INTERVAL_SECONDS, VERDICT_REASON, Reason, Step
+from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, Verdict
+
+
+def fresh_verdict(r: Round) -> GroupVerdict | None:
+    # Count each observation once (the caller may plan several times per probe) and
+    # drop verdicts about an epoch this record has already left behind.
+    v = r.inp.verdict
+    if v is None or v.epoch != r.rec.epoch:
+        return None
+    if v.sample is not None:
+        # A probe sample counts once, by its identity (a timestamp recomputed from
+        # two clocks drifts, and once made one sample count twice).
+        return None if v.sample == r.rec.last_sample else v
+    last = r.rec.last_observed_at
+    if last is not None and v.observed_at <= last:
+        return None
+    return v
+
+
+def count_failure(r: Round, v: GroupVerdict, *, in_service: bool) -> None:
+    """A failed observation of a group in service: Suspect, or a verdict."""
+    failures = r.rec.failures + 1
+    first = r.rec.first_failure_at if r.rec.first_failure_at is not None else v.observed_at
+    r.update(failures=failures, first_failure_at=first)
+    if v.immediate or failures >= r.s.health.failure_threshold:
+        reach_verdict(r, v, leaving_service=in_service)
+    elif r.rec.step is not Step.SUSPECT:
+        r.goto(Step.SUSPECT)
+        r.requeue = None
+        last = r.rec.last_suspect_event_at
+        if last is None or r.now - last >= SUSPECT_EVENT_INTERVAL_SECONDS:
+            # A Suspect that resolves on its own is status, not news: one warning
+            # per group per interval (a verdict always gets its own Event).
+            r.update(last_suspect_event_at=r.now)
+            r.event(
+                Reason.SUSPECT,
+                f"{v.verdict}: {v.reason} ({failures}/{r.s.health.failure_threshold})",
+                warning=True,
+            )
+
+
+def reach_verdict(r: Round, v: GroupVerdict, *, leaving_service: bool) -> None:
+    first = r.rec.first_failure_at if r.rec.first_failure_at is not None else v.observed_at
+    incidents.open_incident(
+        r,
+        v.verdict.value,
+        v.reason,
+        incidents.evidence_text(v),
+        first_failure=first,
+        culprits=v.culprits,
+    )
+    r.event(
+        VERDICT_REASON.get(v.verdict, Reason.UNRESPONSIVE),
+        f"{v.verdict} in epoch {r.rec.epoch}: {v.reason}",
+        warning=True,
+    )
+    begin_recovery(r, leaving_service=leaving_service)
+
+
+def begin_recovery(r: Round, *, leaving_service: bool, note: str = "") -> None:
+    """Start draining, unless the policy or the role's last group in service forbid."""
+    if r.s.recovery.policy == "ObserveOnly":
+        incidents.set_action(r, "observed only (policy ObserveOnly)")
+        r.goto(Step.OBSERVING)
+        r.requeue = None
+        return
+    if leaving_service and not r.g.may_leave_service:
+        if r.rec.step is not Step.SUSPECT:
+            r.goto(Step.SUSPECT)
+            r.requeue = None
+        incidents.set_action(r, "deferred: last group of the role in service")
+        r.defer(
+            "last-in-service",
+            "restart deferred: it is the last group of the role in service and another "
+            "group is still coming back",
+        )
+        return
+    incidents.set_action(r, f"drain and restart the whole group{note}")
+    r.goto(Step.DRAINING, failures=0, first_failure_at=None)
+
+
+def attempt_failed(r: Round, reason: str, verdict: str) -> None:
+    """The epoch being started did not come up: treat it as another failure."""
+    if r.rec.incident is None:
+        incidents.open_incident(r, verdict, reason, "", first_failure=r.now)
+        r.event(
+            VERDICT_REASON.get(Verdict(verdict), Reason.UNRESPONSIVE),
+            f"epoch {r.rec.epoch} did not come up: {reason}",
+            warning=True,
+        )
+        begin_recovery(r, leaving_service=False)
+        return
+    attempts = r.rec.incident.attempts
+    r.event(
+        Reason.RESTART_FAILED,
+        f"epoch {r.rec.epoch} did not come up: {reason}",
+        warning=True,
+    )
+    begin_recovery(r, leaving_service=False, note=f"; attempt {attempts} failed: {reason}")
+
+
+def on_starting(r: Round, v: GroupVerdict | None) -> None:
+    wait_first_pass(r, v)
+
+
+def on_waiting_probe(r: Round, v: GroupVerdict | None) -> None:
+    wait_first_pass(r, v)
+
+
+def wait_first_pass(r: Round, v: GroupVerdict | None) -> None:
+    if v is not None and v.verdict is Verdict.HEALTHY:
+        r.goto(Step.READMITTING)
+        return
+    if v is not None and v.is_failure and v.signals & BROKEN_SIGNALS:
+        attempt_failed(r, v.reason, v.verdict.value)
+        return
+    deadline = r.rec.epoch_started_at + r.s.health.startup_grace_seconds
+    if r.now >= deadline:
+        why = f"no deep probe passed within startupGraceSeconds={r.s.health.startup_grace_seconds}"
+        if r.rec.last_reason:
+            why += f" (last: {r.rec.last_reason})"
+        attempt_failed(r, why, Verdict.UNKNOWN.value)
+        return
+    r.again_in(deadline - r.now)
+
+
+def on_healthy(r: Round, v: GroupVerdict | None) -> None:
+    if v is None:
+        return
+    if v.is_failure:
+        count_failure(r, v, in_service=True)
+    else:
+        r.update(failures=0, first_failure_at=None)
+
+
+def on_suspect(r: Round, v: GroupVerdict | None) -> None:
+    if r.rec.incident is not None:
+        # A verdict was reached but the role's guard kept the group in service.
+        if v is not None and not v.is_failure:
+            r.goto(Step.READMITTING)
+            return
+        begin_recovery(r, leaving_service=True)
+        return
+    if v is None:
+        return
+    if v.is_failure:
+        count_failure(r, v, in_service=True)
+    else:
+        # Slow is progress: a probe that times out under load never restarts a group.
+        r.goto(Step.HEALTHY, failures=0, first_failure_at=None)
+        r.requeue = None
+
+
+def on_observing(r: Round, v: GroupVerdict | None) -> None:
+    if v is not None and not v.is_failure:
+        # Through Readmitting: a group that never passed a probe has no gate yet.
+        r.goto(Step.READMITTING)
+        return
+    if r.s.recovery.policy != "ObserveOnly":
+        begin_recovery(r, leaving_service=True)

@@ -1,0 +1,89 @@
+"""Shared service: whole-or-nothing placement. An epoch not wholly bound to nodes within
+`schedulingTimeoutSeconds` is withdrawn whole and retried after backoff (not a restart)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lockstep.recovery import incidents
+from lockstep.recovery.actions import (
+    DeletePods,
+)
+from lockstep.recovery.core import Round
+from lockstep.recovery.record import refs
+from lockstep.recovery.steps import DELETE_GRACE_SECONDS, RECHECK_SECONDS, Reason, Step
+from lockstep.verdicts import GroupVerdict, PodView
+
+
+def expired(r: Round) -> bool:
+    """The current epoch's pods are not all bound to nodes in time: withdraw it
+    (True). Counted from the epoch's start; the scheduler's reason is kept."""
+    pods = [p for p in r.current_pods() if not p.deleting]
+    unplaced = [p for p in pods if p.node is None]
+    if not unplaced:
+        if r.rec.unschedulable:
+            r.update(unschedulable=None)
+        return False
+    why = unplaced_reason(unplaced)
+    if why != r.rec.unschedulable:
+        r.update(unschedulable=why)
+    timeout = r.s.scheduling_timeout_seconds
+    deadline = r.rec.epoch_started_at + timeout
+    if r.now < deadline:
+        r.again_in(deadline - r.now)
+        return False
+    withdraw(
+        r,
+        f"{len(unplaced)} of {r.s.pods_per_group} pod(s) of epoch {r.rec.epoch} not "
+        f"placed within schedulingTimeoutSeconds={timeout:g}: {why}",
+    )
+    return True
+
+
+def withdraw(r: Round, why: str) -> None:
+    """Delete every pod of the group (a half-placed group holds GPUs and serves
+    nothing) and retry a fresh epoch after backoff; not a restart."""
+    n = r.rec.withdrawals + 1
+    b = r.s.recovery.backoff
+    delay = max(min(b.base_seconds << min(n - 1, 32), b.max_seconds), RECHECK_SECONDS)
+    r.event(
+        Reason.UNSCHEDULABLE,
+        f"epoch {r.rec.epoch} withdrawn whole: {why}; retrying in {delay:g}s (withdrawal {n})",
+        warning=True,
+    )
+    incidents.set_action(r, f"epoch {r.rec.epoch} withdrawn (unschedulable): {why}")
+    pods = r.pods()
+    if pods:
+        r.actions.append(DeletePods(refs(pods), DELETE_GRACE_SECONDS, restart=False))
+    r.goto(
+        Step.UNSCHEDULABLE,
+        old_pods=refs(pods),
+        withdrawals=n,
+        retry_at=r.now + delay,
+        unschedulable=why,
+    )
+    r.requeue = RECHECK_SECONDS
+
+
+def on_unschedulable(r: Round, v: GroupVerdict | None) -> None:
+    doomed = {ref.uid for ref in r.rec.old_pods}
+    left = [p for p in r.pods() if p.uid in doomed or p.epoch == r.rec.epoch]
+    alive = [p for p in left if not p.deleting]
+    if alive:
+        r.actions.append(DeletePods(refs(alive), DELETE_GRACE_SECONDS, restart=False))
+    if left:
+        r.again_in(RECHECK_SECONDS)
+        return
+    retry_at = r.rec.retry_at or r.now
+    if r.now < retry_at:
+        r.again_in(retry_at - r.now)
+        return
+    r.goto(Step.CREATING, epoch=r.rec.epoch + 1, old_pods=())
+
+
+def unplaced_reason(pods: Sequence[PodView]) -> str:
+    """The scheduler's own words for pods it did not place (or that it has not yet)."""
+    for p in pods:
+        if p.unschedulable:
+            return f"{p.name}: {p.unschedulable}"
+    return f"{', '.join(p.name for p in pods[:4])} not scheduled yet"

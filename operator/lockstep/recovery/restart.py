@@ -1,0 +1,274 @@
+"""Concern: the whole-group restart, from the drain to re-admission. Draining (out of
+every router, the requests it holds and its peers' halves ended), evidence, the restart
+slot with budget and backoff (or quarantine), then the epoch replaced (Deleting,
+WaitingGone, Creating; or in place, `in_place`) and re-admitted."""
+
+from __future__ import annotations
+
+from lockstep.recovery import budget, drain, in_place, incidents, placement
+from lockstep.recovery.actions import (
+    CaptureEvidence,
+    CreateEpoch,
+    DeletePods,
+    EndRequests,
+    SetGate,
+    UpdateIncident,
+)
+from lockstep.recovery.core import SETTLED, Round
+from lockstep.recovery.inputs import CapturedEvidence
+from lockstep.recovery.record import refs
+from lockstep.recovery.steps import (
+    CAPTURE_TIMEOUT_SECONDS,
+    DELETE_GRACE_SECONDS,
+    FORCE_DELETE_AFTER_SECONDS,
+    MAX_RESTART_TIMES,
+    RECHECK_SECONDS,
+    Reason,
+    Step,
+)
+from lockstep.verdicts import GroupVerdict, Verdict, clip_evidence
+
+
+def on_draining(r: Round, v: GroupVerdict | None) -> None:
+    todo = [p for p in r.pods() if not p.deleting and p.gate is not False]
+    broken = not r.rec.maintenance
+    if todo:
+        r.actions.append(SetGate(refs(todo), False))
+        if broken:
+            # Out of the routers first (the action before), then nothing in flight
+            # waits on the group: its requests and its peers' halves end, retryable.
+            r.actions.append(EndRequests(refs(r.pods()), end_reason(r)))
+        r.again_in(RECHECK_SECONDS)
+        return
+    if r.rec.maintenance:
+        # Leaving service on purpose: the requests it holds finish first (bounded).
+        if not drain.drained(r, r.pods()):
+            return
+        r.goto(Step.AWAITING_RESTART)
+        return
+    r.event(Reason.DRAINED, "out of the router (readiness gate false on every pod)")
+    # Once more as the drain completes: halves the router placed in the instant before
+    # it let go of the group are old enough now to be told from live ones.
+    r.actions.append(EndRequests(refs(r.pods()), end_reason(r)))
+    r.goto(Step.CAPTURING_EVIDENCE)
+
+
+def end_reason(r: Round) -> str:
+    inc = r.rec.incident
+    what = inc.verdict if inc is not None else "out of service"
+    return (
+        f"{r.s.role}/{r.rec.index} ({what}) is being restarted by lockstep; retry on another group"
+    )
+
+
+def on_capturing_evidence(r: Round, v: GroupVerdict | None) -> None:
+    incident = r.rec.incident
+    diag = r.s.recovery.diagnostics
+    if incident is None or not r.pods():
+        r.goto(Step.AWAITING_RESTART)
+        return
+    captured = r.inp.captured
+    if captured is not None and captured.incident_id == incident.id:
+        refine(r, captured)
+        r.goto(Step.AWAITING_RESTART)
+        return
+    if r.now - r.rec.step_since >= CAPTURE_TIMEOUT_SECONDS:
+        # The capture never reached the evidence store: restart without it.
+        r.event(
+            Reason.EVIDENCE_MISSING,
+            f"no evidence captured after {CAPTURE_TIMEOUT_SECONDS:.0f}s; restarting without",
+            warning=True,
+        )
+        r.goto(Step.AWAITING_RESTART)
+        return
+    if not r.rec.capture_asked:
+        r.actions.append(
+            CaptureEvidence(
+                incident.id,
+                refs(r.pods()),
+                diag.capture_stacks,
+                diag.log_lines,
+                diag.max_evidence_bytes,
+            )
+        )
+        r.update(capture_asked=True)
+        r.requeue = 0.0  # the capture is done in this round's I/O
+    else:
+        r.again_in(RECHECK_SECONDS)
+
+
+def refine(r: Round, captured: CapturedEvidence) -> None:
+    """The one place an incident's verdict and cause change after it opened: ranks
+    that died because the consensus caught a divergence are a desync (the exit was
+    only its consequence)."""
+    incident = r.rec.incident
+    if incident is None or not captured.cause:
+        return
+    changes: dict[str, object] = {
+        "evidence": incidents.bound(
+            f"cause: {captured.cause}\n{incident.evidence}",
+            r.s.recovery.diagnostics.max_evidence_bytes,
+        )
+    }
+    if incident.verdict == Verdict.RANK_DOWN.value:
+        changes["verdict"] = Verdict.DESYNCED.value
+        changes["reason"] = clip_evidence(captured.cause)
+        r.update(last_verdict=Verdict.DESYNCED.value)
+        r.event(
+            Reason.DESYNCED,
+            f"the ranks went down on a consensus divergence: {captured.cause}",
+            warning=True,
+        )
+    incident = incident.model_copy(update=changes)
+    r.update(incident=incident)
+    r.actions.append(UpdateIncident(incidents.incident_model(r, incident)))
+
+
+def on_awaiting_restart(r: Round, v: GroupVerdict | None) -> None:
+    rec, rs = r.rec, r.s.recovery
+    if not rec.manual:
+        used = budget.restarts_in_window(rec, rs, r.now)
+        if used >= rs.budget.restarts:
+            why = (
+                f"{used} restarts within {rs.budget.window_seconds}s "
+                f"(budget {rs.budget.restarts}); restart by hand to retry (until then a "
+                "node drain may evict its pods)"
+            )
+            incidents.set_action(r, f"quarantined: {why}")
+            r.event(Reason.QUARANTINED, f"quarantined: {why}", warning=True)
+            r.goto(Step.QUARANTINED)
+            r.requeue = None
+            return
+        until = budget.backoff_until(rec, rs)
+        if until is not None and r.now < until:
+            r.defer("backoff", f"restart deferred by backoff for {until - r.now:.0f}s")
+            r.again_in(until - r.now)
+            return
+    if not r.g.slot_granted:
+        r.defer(
+            "concurrency",
+            f"restart deferred: {r.g.restarting} group(s) of the role restarting "
+            f"(maxConcurrentGroupRestarts={rs.max_concurrent_group_restarts})",
+        )
+        return
+    window = rs.budget.window_seconds
+    times = (*(t for t in rec.restart_times if r.now - t < window), r.now)
+    attempts = rec.incident.attempts + 1 if rec.incident else 1
+    if rec.incident is not None:
+        r.update(incident=rec.incident.model_copy(update={"attempts": attempts}))
+    counted = {
+        "restarts": rec.restarts + 1,
+        "restart_times": times[-MAX_RESTART_TIMES:],
+        "backoff_streak": rec.backoff_streak + 1,
+        "last_restart_at": r.now,
+        "manual": False,
+    }
+    if rec.maintenance:
+        # A move is not a failure: no restart counted, no backoff, never in place
+        # (the same pods would stay on the node that is going away).
+        incidents.set_action(
+            r, f"recreate the whole group on other nodes (maintenance: {rec.maintenance})"
+        )
+        in_place.recreate(r, set(), avoid=rec.maintenance_nodes, changes={"manual": False})
+        return
+    why_not = in_place.why_not_in_place(r)
+    if why_not is None:
+        in_place.restart_in_place(r, attempts, counted)
+        return
+    culprits = set(rec.incident.culprits) if rec.incident else set()
+    r.update(mode="Recreate")
+    if rs.mode == "InPlace":
+        incidents.note_escalation(r, why_not)
+        incidents.set_action(
+            r, f"restart the whole group (Recreate; attempt {attempts}): {why_not}"
+        )
+    else:
+        incidents.set_action(r, f"restart the whole group (Recreate; attempt {attempts})")
+    in_place.recreate(r, culprits, changes=counted)
+
+
+def on_deleting(r: Round, v: GroupVerdict | None) -> None:
+    if r.rec.old_pods:
+        r.actions.append(
+            DeletePods(r.rec.old_pods, DELETE_GRACE_SECONDS, restart=not r.rec.maintenance)
+        )
+    r.goto(Step.WAITING_GONE)
+
+
+def on_waiting_gone(r: Round, v: GroupVerdict | None) -> None:
+    target = r.rec.epoch + 1
+    # Anything of another epoch must go before the new epoch rendezvouses, and so
+    # must the pods snapshotted for deletion even if a lost in-place round relabelled
+    # them with the target epoch; new pods of the target epoch are never deleted here.
+    doomed = {ref.uid for ref in r.rec.old_pods}
+    left = [p for p in r.pods() if p.epoch != target or p.uid in doomed]
+    if not left:
+        r.goto(Step.CREATING, epoch=target)
+        return
+    alive = [p for p in left if not p.deleting]
+    if alive:
+        r.actions.append(
+            DeletePods(refs(alive), DELETE_GRACE_SECONDS, restart=not r.rec.maintenance)
+        )
+    if not r.rec.force_deleted and r.now - r.rec.step_since >= FORCE_DELETE_AFTER_SECONDS:
+        r.actions.append(DeletePods(refs(left), 0))
+        r.event(
+            Reason.FORCE_DELETED,
+            f"{len(left)} pod(s) still terminating after {FORCE_DELETE_AFTER_SECONDS}s: "
+            "deleted with grace 0",
+            warning=True,
+        )
+        r.update(force_deleted=True)
+    r.again_in(RECHECK_SECONDS)
+
+
+def on_creating(r: Round, v: GroupVerdict | None) -> None:
+    have = [p for p in r.current_pods() if not p.deleting]
+    if len(have) >= r.s.pods_per_group:
+        in_place.restarted(r, have, "moved" if r.rec.maintenance else "restarted")
+        return
+    timeout = r.s.scheduling_timeout_seconds
+    if r.now - r.rec.step_since >= timeout:
+        placement.withdraw(
+            r,
+            f"{r.s.pods_per_group - len(have)} pod(s) of epoch {r.rec.epoch} could "
+            f"not be created within schedulingTimeoutSeconds={timeout:g}",
+        )
+        return
+    r.actions.append(CreateEpoch(r.rec.epoch, r.rec.avoid_nodes, r.rec.slot))
+    r.again_in(RECHECK_SECONDS)
+
+
+def on_readmitting(r: Round, v: GroupVerdict | None) -> None:
+    todo = [p for p in r.current_pods() if not p.deleting and p.gate is not True]
+    if todo:
+        r.actions.append(SetGate(refs(todo), True))
+        r.again_in(RECHECK_SECONDS)
+        return
+    if r.rec.incident is not None and r.rec.maintenance:
+        done = (
+            f"moved for maintenance ({r.rec.maintenance}) by draining first; "
+            f"re-admitted in epoch {r.rec.epoch}"
+        )
+        incidents.close_incident(r, done)
+        r.event(Reason.MOVED, done)
+    elif r.rec.incident is not None:
+        attempts = r.rec.incident.attempts
+        escalation = r.rec.incident.escalation
+        why = f"; {escalation}" if escalation and r.rec.mode == "Recreate" else ""
+        done = (
+            f"restarted the whole group ({r.rec.mode}, {attempts} attempt(s){why})"
+            if attempts
+            else f"no restart ({r.rec.incident.action or 'none'}); recovered by itself"
+        )
+        incidents.close_incident(r, f"{done}; re-admitted in epoch {r.rec.epoch}")
+        r.event(Reason.READMITTED, f"{done}; re-admitted in epoch {r.rec.epoch}")
+    else:
+        r.event(Reason.READY, f"admitted in epoch {r.rec.epoch}")
+    r.goto(Step.HEALTHY, healthy_since=r.now, **SETTLED)
+    r.requeue = None
+
+
+def on_quarantined(r: Round, v: GroupVerdict | None) -> None:
+    # Nothing until a manual request (handled before the step handlers run).
+    return
