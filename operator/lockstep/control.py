@@ -233,7 +233,7 @@ def observe_group(
     views = tuple(pod_view_from_k8s(p) for p in pods)
     samples = [s for s in rt.book.samples(key) if s.epoch == epoch]
     fresh = samples[-1] if samples else None
-    if fresh is not None and record is not None and fresh.id == record.last_sample:
+    if fresh is not None and record is not None and fresh.id == record.detection.last_sample:
         fresh = None  # already counted
     baseline_counts = record.restart_baseline if record is not None else {}
     if fresh is not None:
@@ -919,7 +919,7 @@ def _update_targets(
         )
         if target is not None:
             targets.append(target)
-        if rec.step is not Step.HEALTHY or rec.failures:
+        if rec.step is not Step.HEALTHY or rec.detection.failures:
             unsettled.add((namespace, name, rec.role, rec.index))
     rt.book.set_targets(namespace, name, targets)
     rt.known.add((namespace, name))

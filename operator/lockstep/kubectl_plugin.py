@@ -769,7 +769,12 @@ def restart_annotation(pdd: Mapping[str, Any], target: str, reason: str, now: fl
     if isinstance(current, str) and "@" in current:
         other, req = (x.strip() for x in current.split("@", 1))
         rec = load_records(pdd).get(other)
-        if other != f"{role}/{group}" and req and rec is not None and rec.handled_request != req:
+        if (
+            other != f"{role}/{group}"
+            and req
+            and rec is not None
+            and rec.manual.handled_request != req
+        ):
             raise PluginError(
                 f"the restart request {current} is not taken by the operator yet, and "
                 f"{ANNOTATION_RESTART} holds one request: run this again once it is (its "

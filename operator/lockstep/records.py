@@ -71,7 +71,7 @@ def dump_records(records: Mapping[str, GroupRecord]) -> str:
     without the fields in `IN_MEMORY_ONLY`)."""
     out = {}
     for key, rec in sorted(records.items()):
-        rec = rec.model_copy(update=IN_MEMORY_ONLY)
+        rec = rec.model_copy(update={"detection": rec.detection.model_copy(update=IN_MEMORY_ONLY)})
         if rec.incident is not None and rec.incident.evidence:
             rec = rec.model_copy(
                 update={"incident": rec.incident.model_copy(update={"evidence": ""})}

@@ -149,10 +149,10 @@ def derive_status(
                     index=rec.index,
                     state=status_state(rec),
                     epoch=rec.epoch,
-                    restarts=rec.restarts,
+                    restarts=rec.budget.restarts,
                     ready_pods=sum(pod_view_from_k8s(p).ready for p in current),
                     pods=len(current),
-                    consecutive_failures=rec.failures,
+                    consecutive_failures=rec.detection.failures,
                     last_probe=None
                     if last is None
                     else ProbeResult(
@@ -164,9 +164,11 @@ def derive_status(
                         error=last.error,
                     ),
                     last_restart_time=None
-                    if rec.last_restart_at is None
-                    else rfc3339(rec.last_restart_at),
-                    message=rec.unschedulable or rec.maintenance or rec.last_reason,
+                    if rec.budget.last_restart_at is None
+                    else rfc3339(rec.budget.last_restart_at),
+                    message=rec.placement.unschedulable
+                    or rec.maintenance
+                    or rec.detection.last_reason,
                 )
             )
         wanted, source = (replicas or {}).get(role, (pdd.spec.role(role).replicas, "PDDeployment"))
@@ -188,9 +190,9 @@ def derive_status(
     ]
     # A group whose pods the scheduler did not place (in time, or not yet): the reason.
     unplaced = [
-        f"{r.role}/{r.index}: {r.unschedulable}"
+        f"{r.role}/{r.index}: {r.placement.unschedulable}"
         for r in sorted(records.values(), key=lambda r: (r.role, r.index))
-        if r.unschedulable
+        if r.placement.unschedulable
     ]
     broken = [
         f"{r.role}/{r.index}"

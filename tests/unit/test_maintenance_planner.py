@@ -129,7 +129,7 @@ def test_a_cordoned_node_moves_the_group_make_before_break_and_it_never_leaves_s
     assert not old & {p.uid for p in new}
     assert all(p.node in ("node-a", "node-b") and p.gate is True for p in new)
     rec = sim.records[0]
-    assert (rec.epoch, rec.slot, rec.restarts, rec.maintenance) == (1, 1, 0, None)
+    assert (rec.epoch, rec.slot, rec.budget.restarts, rec.maintenance) == (1, 1, 0, None)
     # Admit the new pods first, then take the old ones out, then delete them after the
     # drain; no restart counted (the deletes are not restarts).
     gates = [(a.value, {r.name for r in a.pods}) for a in sim.actions(SetGate)]
@@ -191,7 +191,9 @@ def test_no_room_elsewhere_falls_back_to_draining_first_one_group_at_a_time() ->
     for g in (0, 1):
         rec = sim.records[g]
         assert sim.step(g) is Step.HEALTHY, g
-        assert rec.restarts == 0 and rec.restart_times == () and rec.maintenance is None
+        assert (
+            rec.budget.restarts == 0 and rec.budget.restart_times == () and rec.maintenance is None
+        )
         assert all(p.node in ("node-a", "node-b") for p in sim.view(g))
     closed = [a.incident for a in sim.actions(CloseIncident, 0) if isinstance(a, CloseIncident)]
     assert "draining first" in closed[-1].action
@@ -224,7 +226,7 @@ def test_an_epoch_not_placed_in_time_is_withdrawn_whole_and_retried_after_backof
             break
     assert sim.step() is Step.UNSCHEDULABLE
     assert status_state(sim.records[0]) == "Unschedulable"
-    assert "0/3 nodes are available" in (sim.records[0].unschedulable or "")
+    assert "0/3 nodes are available" in (sim.records[0].placement.unschedulable or "")
     assert not sim.view(0)  # withdrawn whole
     msg = [m for m in _messages(sim) if "withdrawn whole" in m]
     assert msg and "retrying in 10s" in msg[0]
@@ -235,9 +237,9 @@ def test_an_epoch_not_placed_in_time_is_withdrawn_whole_and_retried_after_backof
             break
     assert sim.step() is Step.HEALTHY
     rec = sim.records[0]
-    assert rec.withdrawals == 0 and rec.unschedulable is None and rec.epoch == 2
+    assert rec.placement.withdrawals == 0 and rec.placement.unschedulable is None and rec.epoch == 2
     # The withdrawal deleted pods without counting a restart; the restart itself counted once.
-    assert rec.restarts == 1
+    assert rec.budget.restarts == 1
 
 
 def test_node_maintenance_reads_cordons_and_maintenance_taints_not_health_taints() -> None:

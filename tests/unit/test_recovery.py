@@ -352,7 +352,7 @@ def test_desync_recovers_through_every_step_in_order() -> None:
         "GroupReadmitted",
     ]
     rec = sim.records[0]
-    assert (rec.epoch, rec.restarts, rec.incident) == (1, 1, None)
+    assert (rec.epoch, rec.budget.restarts, rec.incident) == (1, 1, None)
 
 
 def test_closed_incident_has_time_to_detect_and_time_to_recover() -> None:
@@ -383,10 +383,11 @@ def test_closed_incident_has_time_to_detect_and_time_to_recover() -> None:
 
 
 def rec(step: Step, **kw: object) -> GroupRecord:
-    base = new_group_record("decode", 0, now=T0 - 100, epoch=4).model_copy(
-        update={"step": step, "step_since": T0 - 10}
-    )
-    return base.model_copy(update=kw)
+    """A record in `step`; `kw` in the record's flat (pre-sub-record) field names, which
+    a record still loads (as from an older operator's annotation)."""
+    base = new_group_record("decode", 0, now=T0 - 100, epoch=4)
+    flat = {**base.model_dump(exclude_defaults=True), "step": step, "step_since": T0 - 10}
+    return GroupRecord.model_validate({**flat, **kw})
 
 
 INCIDENT = IncidentRecord(
@@ -655,7 +656,7 @@ def test_an_observation_counts_once_however_often_the_planner_runs() -> None:
     inp = GroupInput(pods(), V("hung"))
     first = plan_group(r, inp, settings(), now=T0)
     again = plan_group(first.record, inp, settings(), now=T0 + 1)
-    assert first.record.failures == again.record.failures == 1
+    assert first.record.detection.failures == again.record.detection.failures == 1
     assert again.actions == ()
 
 
@@ -757,7 +758,7 @@ def test_operator_restart_at_every_step_never_doubles_a_delete_or_a_create(lose:
     assert deleted == old_uids  # never a pod of the new epoch
     assert {a for a in sim.actions(CreateEpoch)} == {CreateEpoch(1)}
     assert len(sim.view(0)) == 2 and {p.epoch for p in sim.view(0)} == {1}
-    assert sim.records[0].restarts == 1
+    assert sim.records[0].budget.restarts == 1
     assert [i.state for i in sim.incidents.values()] == ["Closed"]
 
 
@@ -972,7 +973,7 @@ def test_flapping_group_backs_off_then_is_quarantined() -> None:
     # A person asks: the group restarts once more, the incident closes.
     sim.round(manual={0: "fix-1"})
     sim.recover(0)
-    assert sim.records[0].restarts == 4
+    assert sim.records[0].budget.restarts == 4
     assert all(i.state == "Closed" for i in sim.incidents.values())
     # ...and starts a fresh budget: the next failure restarts again, no quarantine.
     sim.round({0: "down!"})
@@ -988,7 +989,7 @@ def test_budget_window_slides() -> None:
     sim.now += 601  # the first restart left the window
     sim.round({0: "down!"})
     sim.recover(0)
-    assert sim.records[0].restarts == 2
+    assert sim.records[0].budget.restarts == 2
     sim.round({0: "down!"})
     for _ in range(10):
         sim.round()
@@ -1000,7 +1001,11 @@ def test_backoff_grows_caps_and_resets_after_a_healthy_window() -> None:
     r = rec(Step.AWAITING_RESTART, last_restart_at=T0)
     assert backoff_until(r, rs) is None
     assert [
-        backoff_until(r.model_copy(update={"backoff_streak": n}), rs) for n in (1, 2, 3, 9)
+        backoff_until(
+            r.model_copy(update={"budget": r.budget.model_copy(update={"backoff_streak": n})}),
+            rs,
+        )
+        for n in (1, 2, 3, 9)
     ] == [
         T0 + 30,
         T0 + 60,
@@ -1008,9 +1013,13 @@ def test_backoff_grows_caps_and_resets_after_a_healthy_window() -> None:
         T0 + 100,
     ]
     healthy = rec(Step.HEALTHY, backoff_streak=3, healthy_since=T0 - 1799)
-    assert plan_group(healthy, GroupInput(pods()), settings(), now=T0).record.backoff_streak == 3
     assert (
-        plan_group(healthy, GroupInput(pods()), settings(), now=T0 + 1).record.backoff_streak == 0
+        plan_group(healthy, GroupInput(pods()), settings(), now=T0).record.budget.backoff_streak
+        == 3
+    )
+    assert (
+        plan_group(healthy, GroupInput(pods()), settings(), now=T0 + 1).record.budget.backoff_streak
+        == 0
     )
 
 
@@ -1057,9 +1066,10 @@ def test_manual_restart_skips_backoff_but_not_the_concurrency_limit() -> None:
     for _ in range(9):
         sim.round()
     assert sim.step(0) is Step.WAITING_PROBE
-    sim.records[1] = sim.records[1].model_copy(
+    budget = sim.records[1].budget.model_copy(
         update={"backoff_streak": 5, "last_restart_at": sim.now}
     )
+    sim.records[1] = sim.records[1].model_copy(update={"budget": budget})
     sim.round(manual={1: "now"})
     for _ in range(5):
         sim.round()
@@ -1077,7 +1087,7 @@ def test_manual_request_during_a_restart_is_absorbed() -> None:
     sim.round(manual={0: "dup"})
     sim.recover(0)
     assert sim.records[0].epoch == 1
-    assert sim.records[0].handled_request == "dup"
+    assert sim.records[0].manual.handled_request == "dup"
     sim.round({0: "ok"}, manual={0: "dup"})
     assert sim.step() is Step.HEALTHY
 
@@ -1093,7 +1103,7 @@ def test_a_new_epoch_that_never_passes_counts_as_another_failure() -> None:
     assert sim.step() is Step.DRAINING
     assert sim.reasons().count("GroupRestartFailed") == 1
     sim.recover(0)
-    assert sim.records[0].epoch == 2 and sim.records[0].restarts == 2
+    assert sim.records[0].epoch == 2 and sim.records[0].budget.restarts == 2
     (incident,) = sim.incidents.values()
     assert "2 attempt(s)" in incident.action
 
@@ -1205,7 +1215,7 @@ def test_in_place_restart_keeps_the_pods_and_moves_every_one_to_the_next_epoch()
     assert ask.epoch == 1 and {r.uid for r in ask.pods} == before.keys()
     assert ask.reason == "decode-0-1"
     rec = sim.records[0]
-    assert (rec.epoch, rec.restarts, rec.mode) == (1, 1, "InPlace")
+    assert (rec.epoch, rec.budget.restarts, rec.restart.mode) == (1, 1, "InPlace")
     assert rec.restart_baseline == {u: p.restart_count for u, p in after.items()}
     assert sim.reasons() == [
         "GroupDesynced",
@@ -1230,7 +1240,7 @@ def test_an_agent_that_does_not_answer_escalates_to_recreate_away_from_its_node(
     (create,) = set(sim.actions(CreateEpoch))
     # The agent's pod is the culprit: its node is avoided (the other pod's is not).
     assert create == CreateEpoch(2, ("node-1",))
-    assert sim.records[0].restarts == 1  # one attempt, escalated, not two restarts
+    assert sim.records[0].budget.restarts == 1  # one attempt, escalated, not two restarts
     modes = [
         a.incident.restart_mode
         for a in sim.actions(UpdateIncident)
@@ -1271,10 +1281,10 @@ def test_a_container_that_does_not_come_back_escalates_after_the_timeout() -> No
 def test_a_group_failing_again_within_the_window_is_recreated_then_in_place_again_later() -> None:
     sim = in_place_sim(escalation_window=600)
     run_to_healthy(sim)
-    assert sim.records[0].mode == "InPlace"
+    assert sim.records[0].restart.mode == "InPlace"
     sim.now += 100
     run_to_healthy(sim)  # failed again 100 s after the in-place restart
-    assert sim.records[0].mode == "Recreate"
+    assert sim.records[0].restart.mode == "Recreate"
     assert len(sim.actions(RestartInPlace)) == 1 and sim.actions(DeletePods)
     (second,) = [i for i in sim.incidents.values() if i.id == "decode-0-2"]
     assert "escalationWindowSeconds=600" in second.action
@@ -1282,7 +1292,7 @@ def test_a_group_failing_again_within_the_window_is_recreated_then_in_place_agai
     assert second.escalation and "failed again 1" in second.escalation
     sim.now += 1000
     run_to_healthy(sim)  # long after: in place again
-    assert sim.records[0].mode == "InPlace" and len(sim.actions(RestartInPlace)) == 2
+    assert sim.records[0].restart.mode == "InPlace" and len(sim.actions(RestartInPlace)) == 2
 
 
 def test_recreate_mode_never_asks_the_agents() -> None:
@@ -1316,7 +1326,7 @@ def test_operator_restart_during_an_in_place_restart_never_restarts_a_pod_twice(
     assert sim.restarted == {u: 1 for u in uids}  # each container restarted exactly once
     assert {p.uid for p in sim.view(0)} == uids
     assert sim.actions(DeletePods) == []
-    assert sim.records[0].restarts == 1
+    assert sim.records[0].budget.restarts == 1
 
 
 def test_a_template_rollout_recreates_even_in_in_place_mode() -> None:
@@ -1334,7 +1344,7 @@ def test_a_template_rollout_recreates_even_in_in_place_mode() -> None:
     run_to_healthy(sim, first="ok")
     assert sim.actions(RestartInPlace) == []
     assert not old & {p.uid for p in sim.view(0)}
-    assert sim.records[0].rollout is False
+    assert sim.records[0].manual.rollout is False
     # A person's restart request (no template change) is done in place.
     sim.now += 2000
     plan = plan_role(
@@ -1368,7 +1378,7 @@ def test_a_container_down_when_the_group_is_restarted_is_asked_once_it_runs_agai
     asks = [a for a in sim.actions(RestartInPlace) if isinstance(a, RestartInPlace)]
     assert [[r.name for r in a.pods] for a in asks] == [["m-decode-0-0"], ["m-decode-0-1"]]
     assert sim.restarted.get(down) == 1 and sim.actions(DeletePods) == []
-    assert sim.records[0].mode == "InPlace" and sim.records[0].epoch == 1
+    assert sim.records[0].restart.mode == "InPlace" and sim.records[0].epoch == 1
 
 
 def test_the_captured_evidence_refines_a_rank_down_into_a_desync_once() -> None:

@@ -35,3 +35,44 @@ def test_modules_and_classes_stay_small_and_nothing_is_dispatched_by_name(path: 
             assert length <= MAX_CLASS_LINES, f"class {node.name} has {length} lines"
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
             pytest.fail(f"{path.name}:{node.lineno}: getattr (dispatch by name?)")
+
+
+def test_a_record_written_by_the_operator_before_sub_records_still_loads() -> None:
+    # Flat fields, as the annotation of an operator before this layout holds them.
+    from lockstep.recovery import GroupRecord
+
+    ref = {"name": "m-decode-0-0", "uid": "u0"}
+    old = GroupRecord.from_json(
+        '{"role": "decode", "index": 0, "step": "HandingOver", "epoch": 3, "failures": 2, '
+        '"last_sample": "s1", "restarts": 4, "backoff_streak": 2, "last_restart_at": 7.0, '
+        '"mode": "InPlace", "manual": true, "handled_request": "r1", "rollout": true, '
+        '"maintenance": "node n1 is cordoned", "maintenance_nodes": ["n1"], '
+        f'"old_pods": [{ref}], "retry_at": 9.0, "drained_at": 5.0, "drain_done": true, '
+        '"withdrawals": 1, "unschedulable": "0/3 nodes"}'.replace("'", '"')
+    )
+    assert (old.detection.failures, old.detection.last_sample) == (2, "s1")
+    assert (old.budget.restarts, old.budget.backoff_streak, old.budget.last_restart_at) == (
+        4,
+        2,
+        7.0,
+    )
+    assert (old.manual.requested, old.manual.handled_request, old.manual.rollout) == (
+        True,
+        "r1",
+        True,
+    )
+    assert old.restart.mode == "InPlace" and old.restart.old_pods == ()
+    # old_pods and retry_at belonged to whichever concern the step was in: a move here.
+    assert old.move.reason == "node n1 is cordoned" and old.move.nodes == ("n1",)
+    assert [p.uid for p in old.move.old_pods] == ["u0"] and old.move.retry_at == 9.0
+    assert (old.drain.started_at, old.drain.done) == (5.0, True)
+    assert (old.placement.withdrawals, old.placement.unschedulable) == (1, "0/3 nodes")
+    # Withdrawn epochs: the placement's.
+    withdrawn = GroupRecord.from_json(
+        f'{{"role": "decode", "index": 1, "step": "Unschedulable", "old_pods": [{ref}], '
+        '"retry_at": 4.0}'.replace("'", '"')
+    )
+    assert [p.uid for p in withdrawn.placement.withdrawn] == ["u0"]
+    assert withdrawn.placement.retry_at == 4.0 and withdrawn.move.retry_at is None
+    # And the new layout round-trips.
+    assert GroupRecord.from_json(old.to_json()) == old

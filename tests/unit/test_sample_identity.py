@@ -67,9 +67,9 @@ def test_one_failed_probe_counts_once_under_a_drifting_clock() -> None:
         verdict = observe_group(rt, KEY, record, [POD], 1, now=1_000_010.0)
         plan = plan_group(record, GroupInput(pods, verdict), settings, now=1_000_010.0)
         record = plan.record
-        failures.append(record.failures)
+        failures.append(record.detection.failures)
     assert failures == [1, 1, 1, 1, 1]
-    assert record.last_sample == first.id
+    assert record.detection.last_sample == first.id
     # A new sample is new: the count moves, once per sample, and the threshold (3) is
     # reached on the third distinct failed probe, not before.
     for n, at in ((2, 11.0), (3, 12.0)):
@@ -77,7 +77,7 @@ def test_one_failed_probe_counts_once_under_a_drifting_clock() -> None:
         for _ in range(3):
             verdict = observe_group(rt, KEY, record, [POD], 1, now=1_000_000.0 + at)
             record = plan_group(record, GroupInput(pods, verdict), settings, now=at).record
-        assert record.failures == n or record.step is Step.DRAINING
+        assert record.detection.failures == n or record.step is Step.DRAINING
     assert record.step is Step.DRAINING
 
 
@@ -107,9 +107,9 @@ def test_passing_probes_of_a_healthy_group_do_not_change_what_is_persisted() -> 
         verdict = observe_group(rt, KEY, record, [POD], 1, now=1_000_000.0 + at)
         record = plan_group(record, GroupInput(pods, verdict), settings, now=at).record
         dumps.append(dump_records({"decode/0": record}))
-    assert record.last_sample is not None  # counted, in memory
+    assert record.detection.last_sample is not None  # counted, in memory
     assert dumps[0] == dumps[1] == dumps[2]
     (loaded,) = load_records(
         {"metadata": {"annotations": {ANNOTATION_RECORDS: dumps[-1]}}}
     ).values()
-    assert loaded.last_sample is None and loaded.step is Step.HEALTHY
+    assert loaded.detection.last_sample is None and loaded.step is Step.HEALTHY

@@ -6,22 +6,9 @@ from __future__ import annotations
 
 from lockstep.recovery.actions import Action, EmitEvent
 from lockstep.recovery.inputs import GroupInput, GroupPlan, RoleGuards, RoleSettings
-from lockstep.recovery.record import GroupRecord
+from lockstep.recovery.record import Drain, GroupRecord, Moving, Placement
 from lockstep.recovery.steps import Reason, Step
 from lockstep.verdicts import PodView
-
-# What a group that reached Healthy forgets of the road there.
-SETTLED: dict[str, object] = {
-    "failures": 0,
-    "first_failure_at": None,
-    "maintenance": None,
-    "maintenance_nodes": (),
-    "old_pods": (),
-    "drained_at": None,
-    "withdrawals": 0,
-    "retry_at": None,
-    "unschedulable": None,
-}
 
 
 class Round:
@@ -48,17 +35,37 @@ class Round:
         """Change fields of the record being planned."""
         self.rec = self.rec.model_copy(update=changes)
 
-    def goto(self, step: Step, **changes: object) -> None:
-        """Enter `step` (its own scratch flags reset) and plan again at once."""
-        self.update(
-            step=step,
-            step_since=self.now,
-            deferred=None,
-            capture_asked=False,
-            drain_done=False,
-            **changes,
-        )
+    def goto(self, step: Step, *, clear_failures: bool = False, **changes: object) -> None:
+        """Enter `step` and plan again at once. The step scratch is cleared (the deferral,
+        the capture asked, a drain's `done`); `clear_failures`: the failures counted so far
+        no longer count (a recovery began, or the group is well again). `changes` are core
+        fields, or whole sub-records from their owners."""
+        updates: dict[str, object] = {
+            "step": step,
+            "step_since": self.now,
+            "deferred": None,
+            "capture_asked": False,
+            "drain": self.rec.drain.model_copy(update={"done": False}),
+        }
+        if clear_failures:
+            updates["detection"] = self.rec.detection.model_copy(
+                update={"failures": 0, "first_failure_at": None}
+            )
+        updates.update(changes)
+        self.update(**updates)
         self.requeue = 0.0
+
+    def settle(self, **changes: object) -> None:
+        """Back in service (Healthy): what the road there needed is forgotten (the move,
+        the drain, the withdrawn epochs, the pods replaced, the failures)."""
+        settled: dict[str, object] = {
+            "healthy_since": self.now,
+            "restart": self.rec.restart.model_copy(update={"old_pods": ()}),
+            "move": Moving(),
+            "drain": Drain(),
+            "placement": Placement(),
+        }
+        self.goto(Step.HEALTHY, clear_failures=True, **{**settled, **changes})
 
     def event(self, reason: Reason, message: str, *, warning: bool = False) -> None:
         self.actions.append(EmitEvent(reason, f"{self.name}: {message}", warning))

@@ -11,6 +11,24 @@ from lockstep.recovery.steps import SUSPECT_EVENT_INTERVAL_SECONDS, VERDICT_REAS
 from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, Verdict
 
 
+def _set(r: Round, **changes: object) -> None:
+    r.update(detection=r.rec.detection.model_copy(update=changes))
+
+
+def observe(r: Round) -> GroupVerdict | None:
+    """This round's verdict, if it is news (`fresh_verdict`), remembered as the last."""
+    v = fresh_verdict(r)
+    if v is not None:
+        _set(
+            r,
+            last_observed_at=v.observed_at,
+            last_sample=v.sample or r.rec.detection.last_sample,
+            last_verdict=v.verdict.value,
+            last_reason=v.reason,
+        )
+    return v
+
+
 def fresh_verdict(r: Round) -> GroupVerdict | None:
     # Count each observation once (the caller may plan several times per probe) and
     # drop verdicts about an epoch this record has already left behind.
@@ -20,8 +38,8 @@ def fresh_verdict(r: Round) -> GroupVerdict | None:
     if v.sample is not None:
         # A probe sample counts once, by its identity (a timestamp recomputed from
         # two clocks drifts, and once made one sample count twice).
-        return None if v.sample == r.rec.last_sample else v
-    last = r.rec.last_observed_at
+        return None if v.sample == r.rec.detection.last_sample else v
+    last = r.rec.detection.last_observed_at
     if last is not None and v.observed_at <= last:
         return None
     return v
@@ -29,19 +47,20 @@ def fresh_verdict(r: Round) -> GroupVerdict | None:
 
 def count_failure(r: Round, v: GroupVerdict, *, in_service: bool) -> None:
     """A failed observation of a group in service: Suspect, or a verdict."""
-    failures = r.rec.failures + 1
-    first = r.rec.first_failure_at if r.rec.first_failure_at is not None else v.observed_at
-    r.update(failures=failures, first_failure_at=first)
+    d = r.rec.detection
+    failures = d.failures + 1
+    first = d.first_failure_at if d.first_failure_at is not None else v.observed_at
+    _set(r, failures=failures, first_failure_at=first)
     if v.immediate or failures >= r.s.health.failure_threshold:
         reach_verdict(r, v, leaving_service=in_service)
     elif r.rec.step is not Step.SUSPECT:
         r.goto(Step.SUSPECT)
         r.requeue = None
-        last = r.rec.last_suspect_event_at
+        last = r.rec.detection.last_suspect_event_at
         if last is None or r.now - last >= SUSPECT_EVENT_INTERVAL_SECONDS:
             # A Suspect that resolves on its own is status, not news: one warning
             # per group per interval (a verdict always gets its own Event).
-            r.update(last_suspect_event_at=r.now)
+            _set(r, last_suspect_event_at=r.now)
             r.event(
                 Reason.SUSPECT,
                 f"{v.verdict}: {v.reason} ({failures}/{r.s.health.failure_threshold})",
@@ -50,7 +69,8 @@ def count_failure(r: Round, v: GroupVerdict, *, in_service: bool) -> None:
 
 
 def reach_verdict(r: Round, v: GroupVerdict, *, leaving_service: bool) -> None:
-    first = r.rec.first_failure_at if r.rec.first_failure_at is not None else v.observed_at
+    d = r.rec.detection
+    first = d.first_failure_at if d.first_failure_at is not None else v.observed_at
     incidents.open_incident(
         r,
         v.verdict.value,
@@ -86,7 +106,7 @@ def begin_recovery(r: Round, *, leaving_service: bool, note: str = "") -> None:
         )
         return
     incidents.set_action(r, f"drain and restart the whole group{note}")
-    r.goto(Step.DRAINING, failures=0, first_failure_at=None)
+    r.goto(Step.DRAINING, clear_failures=True)
 
 
 def attempt_failed(r: Round, reason: str, verdict: str) -> None:
@@ -127,8 +147,8 @@ def wait_first_pass(r: Round, v: GroupVerdict | None) -> None:
     deadline = r.rec.epoch_started_at + r.s.health.startup_grace_seconds
     if r.now >= deadline:
         why = f"no deep probe passed within startupGraceSeconds={r.s.health.startup_grace_seconds}"
-        if r.rec.last_reason:
-            why += f" (last: {r.rec.last_reason})"
+        if r.rec.detection.last_reason:
+            why += f" (last: {r.rec.detection.last_reason})"
         attempt_failed(r, why, Verdict.UNKNOWN.value)
         return
     r.again_in(deadline - r.now)
@@ -140,7 +160,7 @@ def on_healthy(r: Round, v: GroupVerdict | None) -> None:
     if v.is_failure:
         count_failure(r, v, in_service=True)
     else:
-        r.update(failures=0, first_failure_at=None)
+        _set(r, failures=0, first_failure_at=None)
 
 
 def on_suspect(r: Round, v: GroupVerdict | None) -> None:
@@ -157,7 +177,7 @@ def on_suspect(r: Round, v: GroupVerdict | None) -> None:
         count_failure(r, v, in_service=True)
     else:
         # Slow is progress: a probe that times out under load never restarts a group.
-        r.goto(Step.HEALTHY, failures=0, first_failure_at=None)
+        r.goto(Step.HEALTHY, clear_failures=True)
         r.requeue = None
 
 

@@ -92,14 +92,7 @@ GUARDS: Sequence[Callable[[Round, GroupVerdict | None], bool]] = (
 
 def run(r: Round) -> GroupPlan:
     """One round of one group: the verdict counted once, the guards, the step's handler."""
-    verdict = detect.fresh_verdict(r)
-    if verdict is not None:
-        r.update(
-            last_observed_at=verdict.observed_at,
-            last_sample=verdict.sample or r.rec.last_sample,
-            last_verdict=verdict.verdict.value,
-            last_reason=verdict.reason,
-        )
+    verdict = detect.observe(r)
     retire_or_manual, rest = GUARDS[:2], GUARDS[2:]
     if any(guard(r, verdict) for guard in retire_or_manual):
         return r.plan()

@@ -18,13 +18,13 @@ from lockstep.verdicts import PodView
 def drained(r: Round, pods: Sequence[PodView]) -> bool:
     """The pods left every router and their leaders hold no request any more, or
     drainTimeoutSeconds passed (then the rest are cut off, and the Event says so)."""
-    if r.rec.drain_done:
+    if r.rec.drain.done:
         return True
-    if r.rec.drained_at is None:
-        r.update(drained_at=r.now)
+    if r.rec.drain.started_at is None:
+        _set(r, started_at=r.now)
         r.again_in(DRAIN_SETTLE_SECONDS)
         return False
-    waited = r.now - r.rec.drained_at
+    waited = r.now - r.rec.drain.started_at
     timeout = r.s.maintenance.drain_timeout_seconds
     leaders = [p for p in pods if p.rank == 0 and not p.deleting and p.container_running]
     holding = {p.name: r.inp.inflight.get(p.name) for p in leaders}
@@ -32,7 +32,7 @@ def drained(r: Round, pods: Sequence[PodView]) -> bool:
     if waited < DRAIN_SETTLE_SECONDS or (busy and waited < timeout):
         r.again_in(DRAIN_RECHECK_SECONDS)
         return False
-    r.update(drain_done=True)
+    _set(r, done=True)
     if busy:
         # What is still running ends retryable (the router retries it elsewhere)
         # before the pods go, never cut off silently.
@@ -56,3 +56,7 @@ def drained(r: Round, pods: Sequence[PodView]) -> bool:
             f"out of every router; in-flight requests finished after {waited:.1f}s",
         )
     return True
+
+
+def _set(r: Round, **changes: object) -> None:
+    r.update(drain=r.rec.drain.model_copy(update=changes))

@@ -6,7 +6,7 @@ nodes than the culprits')."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from lockstep.recovery import incidents
 from lockstep.recovery.actions import (
@@ -23,12 +23,13 @@ def why_not_in_place(r: Round) -> str | None:
     rs, rec = r.s.recovery, r.rec
     if rs.mode == "Recreate":
         return "recovery.mode is Recreate"
-    if rec.rollout:
+    if rec.manual.rollout:
         return "a new pod template is rolled out (only new pods apply it)"
     window = rs.in_place.escalation_window_seconds
-    if rec.last_in_place_at is not None and r.now - rec.last_in_place_at < window:
+    last = rec.restart.last_in_place_at
+    if last is not None and r.now - last < window:
         return (
-            f"failed again {r.now - rec.last_in_place_at:.0f}s after an in-place "
+            f"failed again {r.now - last:.0f}s after an in-place "
             f"restart (inPlace.escalationWindowSeconds={window})"
         )
     pods = in_place_pods(r)
@@ -48,10 +49,10 @@ def in_place_pods(r: Round) -> list[PodView]:
     return sorted(pods, key=lambda p: p.name)
 
 
-def restart_in_place(r: Round, attempts: int, counted: Mapping[str, object]) -> None:
+def restart_in_place(r: Round, attempts: int) -> None:
     pods = in_place_pods(r)
     target = r.rec.epoch + 1
-    r.update(mode="InPlace")
+    r.update(restart=r.rec.restart.model_copy(update={"mode": "InPlace"}))
     # A pod relabelled by a lost round may have restarted already: count from the
     # epoch's baseline for it (a restart since then is taken as the one asked for).
     # A container that is down (restarting after its ranks exited, as they do on a
@@ -77,13 +78,16 @@ def restart_in_place(r: Round, attempts: int, counted: Mapping[str, object]) -> 
         r.actions.append(RestartInPlace(refs(running), target, reason))
     r.goto(
         Step.RESTARTING_IN_PLACE,
-        mode="InPlace",
         epoch=target,
-        old_pods=refs(pods),
-        asked_counts=asked,
-        last_in_place_at=r.now,
-        avoid_nodes=(),
-        **counted,
+        restart=r.rec.restart.model_copy(
+            update={
+                "mode": "InPlace",
+                "old_pods": refs(pods),
+                "asked_counts": asked,
+                "last_in_place_at": r.now,
+                "avoid_nodes": (),
+            }
+        ),
     )
     r.requeue = RECHECK_SECONDS
 
@@ -93,26 +97,27 @@ def recreate(
     culprits: set[str],
     *,
     avoid: Sequence[str] = (),
-    changes: Mapping[str, object] | None = None,
 ) -> None:
     # Snapshot the pods to delete before the first delete: every retry of the delete
     # then names the same UIDs, whatever the API server shows by then.
     nodes = {p.node for p in r.pods() if p.name in culprits and p.node} | set(avoid)
     r.goto(
         Step.DELETING,
-        mode="Recreate",
-        old_pods=refs(r.pods()),
-        force_deleted=False,
-        avoid_nodes=tuple(sorted(nodes)),
-        rollout=False,
-        **(changes or {}),
+        restart=r.rec.restart.model_copy(
+            update={
+                "mode": "Recreate",
+                "old_pods": refs(r.pods()),
+                "force_deleted": False,
+                "avoid_nodes": tuple(sorted(nodes)),
+            }
+        ),
     )
 
 
 def on_restarting_in_place(r: Round, v: GroupVerdict | None) -> None:
     by_uid = {p.uid: p for p in r.pods()}
-    old = r.rec.old_pods
-    asked = dict(r.rec.asked_counts)
+    old = r.rec.restart.old_pods
+    asked = dict(r.rec.restart.asked_counts)
     failures = r.inp.restart_failures
     gone = [ref.name for ref in old if ref.uid not in by_uid or by_uid[ref.uid].deleting]
     if gone:
@@ -154,8 +159,9 @@ def on_restarting_in_place(r: Round, v: GroupVerdict | None) -> None:
         r.actions.append(RestartInPlace(refs(ask), r.rec.epoch, reason))
         asked.update({p.uid: p.restart_count for p in ask})
     if retry or ask:
-        r.update(asked_counts={u: n for u, n in asked.items() if u not in retry})
-    asked = dict(r.rec.asked_counts)
+        kept = {u: n for u, n in asked.items() if u not in retry}
+        r.update(restart=r.rec.restart.model_copy(update={"asked_counts": kept}))
+    asked = dict(r.rec.restart.asked_counts)
     waiting = [
         ref.name
         for ref in old
@@ -185,12 +191,12 @@ def restarted(r: Round, pods: Sequence[PodView], what: str) -> None:
     attempts = r.rec.incident.attempts if r.rec.incident else 0
     r.event(
         Reason.RESTARTED,
-        f"{what} as epoch {r.rec.epoch} ({r.rec.mode}, attempt {attempts})",
+        f"{what} as epoch {r.rec.epoch} ({r.rec.restart.mode}, attempt {attempts})",
     )
     r.goto(
         Step.WAITING_PROBE,
         epoch_started_at=r.now,
-        failures=0,
+        clear_failures=True,
         restart_baseline=baseline(pods, r.rec.epoch),
     )
     r.requeue = None
@@ -200,7 +206,7 @@ def escalate(r: Round, why: str, culprits: set[str]) -> None:
     """An in-place restart that cannot finish: recreate the group instead (the same
     attempt: the restart was counted when it began)."""
     attempts = r.rec.incident.attempts if r.rec.incident else 0
-    r.update(mode="Recreate")
+    r.update(restart=r.rec.restart.model_copy(update={"mode": "Recreate"}))
     incidents.note_escalation(r, f"in-place restart escalated: {why}")
     incidents.set_action(r, f"in-place restart escalated to Recreate (attempt {attempts}): {why}")
     r.event(Reason.ESCALATED, f"in-place restart escalated to Recreate: {why}", warning=True)

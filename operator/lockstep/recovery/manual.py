@@ -4,7 +4,7 @@ decode/0@id`) restarts one group once, past backoff, budget and the last-in-serv
 
 from __future__ import annotations
 
-from lockstep.recovery import incidents
+from lockstep.recovery import budget, incidents
 from lockstep.recovery.core import Round
 from lockstep.recovery.steps import MANUAL_VERDICT, RESTARTING_STEPS, Reason, Step
 
@@ -12,9 +12,9 @@ from lockstep.recovery.steps import MANUAL_VERDICT, RESTARTING_STEPS, Reason, St
 def request(r: Round) -> bool:
     """Handle a new manual request; True when it decided this round."""
     req = r.inp.manual_request
-    if not req or req == r.rec.handled_request:
+    if not req or req == r.rec.manual.handled_request:
         return False
-    r.update(handled_request=req)
+    _set(r, handled_request=req)
     if r.s.recovery.policy == "ObserveOnly":
         r.event(Reason.RESTART_REFUSED, f"request {req} refused: policy is ObserveOnly")
         return False
@@ -24,20 +24,30 @@ def request(r: Round) -> bool:
     if r.rec.step in (Step.DRAINING, Step.CAPTURING_EVIDENCE, Step.AWAITING_RESTART):
         # Already on the way to a restart: the request lifts backoff and budget for it.
         # The role's slots were granted on the record without it: go on next round.
-        r.update(manual=True)
+        _set(r, requested=True)
         r.event(Reason.RESTART_REQUESTED, f"request {req}: restart already under way")
         r.requeue = 0.0
         return True
     if r.inp.template_changed:
-        r.update(rollout=True)
+        _set(r, rollout=True)
     if r.rec.step is Step.QUARANTINED:
         # Quarantine lasts until a person asks; asking starts a fresh budget.
-        r.update(restart_times=(), backoff_streak=0)
+        budget.fresh(r)
     if r.rec.incident is None:
         incidents.open_incident(
             r, MANUAL_VERDICT, f"manual restart request {req}", "", first_failure=r.now
         )
     incidents.set_action(r, f"drain and restart the whole group on request {req}")
     r.event(Reason.RESTART_REQUESTED, f"restart requested ({req})")
-    r.goto(Step.DRAINING, manual=True, failures=0, first_failure_at=None)
+    _set(r, requested=True)
+    r.goto(Step.DRAINING, clear_failures=True)
     return True
+
+
+def done(r: Round) -> None:
+    """The restart a person asked for has begun: the request is carried out."""
+    _set(r, requested=False, rollout=False)
+
+
+def _set(r: Round, **changes: object) -> None:
+    r.update(manual=r.rec.manual.model_copy(update=changes))

@@ -12,8 +12,8 @@ from lockstep.recovery.actions import (
     DeletePods,
     SetGate,
 )
-from lockstep.recovery.core import SETTLED, Round
-from lockstep.recovery.record import baseline, refs
+from lockstep.recovery.core import Round
+from lockstep.recovery.record import Drain, Moving, baseline, refs
 from lockstep.recovery.steps import (
     DELETE_GRACE_SECONDS,
     MAINTENANCE_VERDICT,
@@ -32,8 +32,9 @@ def due(r: Round) -> bool:
     mode = r.s.maintenance.mode
     if why is None or mode == "Off":
         return False
-    if r.rec.retry_at is not None and r.now < r.rec.retry_at:
-        r.again_in(r.rec.retry_at - r.now)
+    retry_at = r.rec.move.retry_at
+    if retry_at is not None and r.now < retry_at:
+        r.again_in(retry_at - r.now)
         return False
     nodes = r.inp.maintenance_nodes
     if mode == "MakeBeforeBreak":
@@ -50,13 +51,10 @@ def due(r: Round) -> bool:
             Step.MOVING,
             epoch=target,
             slot=slot,
-            old_pods=refs(r.pods()),
-            maintenance=why,
-            maintenance_nodes=nodes,
+            move=Moving(reason=why, nodes=tuple(nodes), old_pods=refs(r.pods())),
             epoch_started_at=r.now,
-            failures=0,
-            first_failure_at=None,
-            drained_at=None,
+            clear_failures=True,
+            drain=Drain(),
         )
         r.requeue = RECHECK_SECONDS
         return True
@@ -79,11 +77,9 @@ def drain_first(r: Round, why: str, nodes: Sequence[str]) -> bool:
     r.event(Reason.MAINTENANCE, f"maintenance ({why}): draining the group, then moving it")
     r.goto(
         Step.DRAINING,
-        maintenance=why,
-        maintenance_nodes=tuple(nodes),
-        failures=0,
-        first_failure_at=None,
-        drained_at=None,
+        move=Moving(reason=why, nodes=tuple(nodes)),
+        clear_failures=True,
+        drain=Drain(),
     )
     return True
 
@@ -96,7 +92,7 @@ def on_moving(r: Round, v: GroupVerdict | None) -> None:
         if waited >= timeout:
             move_failed(r, f"the new pods were not created within {timeout:g}s")
             return
-        r.actions.append(CreateEpoch(r.rec.epoch, r.rec.maintenance_nodes, r.rec.slot))
+        r.actions.append(CreateEpoch(r.rec.epoch, r.rec.move.nodes, r.rec.slot))
         r.again_in(RECHECK_SECONDS)
         return
     unplaced = [p for p in new if p.node is None]
@@ -108,7 +104,7 @@ def on_moving(r: Round, v: GroupVerdict | None) -> None:
         r.again_in(RECHECK_SECONDS)
         return
     if v is not None and v.verdict is Verdict.HEALTHY:
-        r.goto(Step.HANDING_OVER, drained_at=None, restart_baseline=baseline(new, r.rec.epoch))
+        r.goto(Step.HANDING_OVER, drain=Drain(), restart_baseline=baseline(new, r.rec.epoch))
         return
     if v is not None and v.is_failure and v.signals & BROKEN_SIGNALS:
         move_failed(r, f"the new epoch broke: {v.reason}")
@@ -133,23 +129,21 @@ def move_failed(r: Round, why: str) -> None:
     if new:
         r.actions.append(DeletePods(refs(new), DELETE_GRACE_SECONDS, restart=False))
     maintenance = r.rec.maintenance or "maintenance"
-    if not drain_first(r, f"{maintenance}; {why}", r.rec.maintenance_nodes):
+    if not drain_first(r, f"{maintenance}; {why}", r.rec.move.nodes):
         # The role cannot lose this group now: its old pods keep serving (the old
         # epoch and slot are the group's again); the move is tried again later.
         incidents.close_incident(r, f"move deferred: {why}")
-        r.goto(
-            Step.HEALTHY,
+        r.settle(
             epoch=max(r.rec.epoch - 1, 0),
             slot=1 - r.rec.slot,
-            healthy_since=r.now,
-            **{**SETTLED, "retry_at": r.now + MOVE_RETRY_SECONDS},
+            move=Moving(retry_at=r.now + MOVE_RETRY_SECONDS),
         )
         r.requeue = MOVE_RETRY_SECONDS
 
 
 def on_handing_over(r: Round, v: GroupVerdict | None) -> None:
     new = [p for p in r.current_pods() if not p.deleting]
-    old_uids = {ref.uid for ref in r.rec.old_pods}
+    old_uids = {ref.uid for ref in r.rec.move.old_pods}
     old = [p for p in r.pods() if p.uid in old_uids]
     admit = [p for p in new if p.gate is not True]
     if admit:
@@ -162,7 +156,7 @@ def on_handing_over(r: Round, v: GroupVerdict | None) -> None:
         # Services use. Only then may the old pods leave.
         r.again_in(RECHECK_SECONDS)
         return
-    if r.rec.drained_at is None:
+    if r.rec.drain.started_at is None:
         leave = [p for p in old if not p.deleting and p.gate is not False]
         if leave:
             r.actions.append(SetGate(refs(leave), False))
@@ -183,5 +177,5 @@ def on_handing_over(r: Round, v: GroupVerdict | None) -> None:
     )
     incidents.close_incident(r, done)
     r.event(Reason.MOVED, done)
-    r.goto(Step.HEALTHY, healthy_since=r.now, **SETTLED)
+    r.settle()
     r.requeue = None

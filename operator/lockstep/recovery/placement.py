@@ -10,7 +10,7 @@ from lockstep.recovery.actions import (
     DeletePods,
 )
 from lockstep.recovery.core import Round
-from lockstep.recovery.record import refs
+from lockstep.recovery.record import Placement, refs
 from lockstep.recovery.steps import DELETE_GRACE_SECONDS, RECHECK_SECONDS, Reason, Step
 from lockstep.verdicts import GroupVerdict, PodView
 
@@ -21,12 +21,12 @@ def expired(r: Round) -> bool:
     pods = [p for p in r.current_pods() if not p.deleting]
     unplaced = [p for p in pods if p.node is None]
     if not unplaced:
-        if r.rec.unschedulable:
-            r.update(unschedulable=None)
+        if r.rec.placement.unschedulable:
+            _set(r, unschedulable=None)
         return False
     why = unplaced_reason(unplaced)
-    if why != r.rec.unschedulable:
-        r.update(unschedulable=why)
+    if why != r.rec.placement.unschedulable:
+        _set(r, unschedulable=why)
     timeout = r.s.scheduling_timeout_seconds
     deadline = r.rec.epoch_started_at + timeout
     if r.now < deadline:
@@ -43,7 +43,7 @@ def expired(r: Round) -> bool:
 def withdraw(r: Round, why: str) -> None:
     """Delete every pod of the group (a half-placed group holds GPUs and serves
     nothing) and retry a fresh epoch after backoff; not a restart."""
-    n = r.rec.withdrawals + 1
+    n = r.rec.placement.withdrawals + 1
     b = r.s.recovery.backoff
     delay = max(min(b.base_seconds << min(n - 1, 32), b.max_seconds), RECHECK_SECONDS)
     r.event(
@@ -57,16 +57,15 @@ def withdraw(r: Round, why: str) -> None:
         r.actions.append(DeletePods(refs(pods), DELETE_GRACE_SECONDS, restart=False))
     r.goto(
         Step.UNSCHEDULABLE,
-        old_pods=refs(pods),
-        withdrawals=n,
-        retry_at=r.now + delay,
-        unschedulable=why,
+        placement=Placement(
+            withdrawals=n, withdrawn=refs(pods), retry_at=r.now + delay, unschedulable=why
+        ),
     )
     r.requeue = RECHECK_SECONDS
 
 
 def on_unschedulable(r: Round, v: GroupVerdict | None) -> None:
-    doomed = {ref.uid for ref in r.rec.old_pods}
+    doomed = {ref.uid for ref in r.rec.placement.withdrawn}
     left = [p for p in r.pods() if p.uid in doomed or p.epoch == r.rec.epoch]
     alive = [p for p in left if not p.deleting]
     if alive:
@@ -74,11 +73,19 @@ def on_unschedulable(r: Round, v: GroupVerdict | None) -> None:
     if left:
         r.again_in(RECHECK_SECONDS)
         return
-    retry_at = r.rec.retry_at or r.now
+    retry_at = r.rec.placement.retry_at or r.now
     if r.now < retry_at:
         r.again_in(retry_at - r.now)
         return
-    r.goto(Step.CREATING, epoch=r.rec.epoch + 1, old_pods=())
+    r.goto(
+        Step.CREATING,
+        epoch=r.rec.epoch + 1,
+        placement=r.rec.placement.model_copy(update={"withdrawn": ()}),
+    )
+
+
+def _set(r: Round, **changes: object) -> None:
+    r.update(placement=r.rec.placement.model_copy(update=changes))
 
 
 def unplaced_reason(pods: Sequence[PodView]) -> str:

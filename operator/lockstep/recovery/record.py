@@ -9,9 +9,9 @@ on load, so an older operator can read a newer record.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lockstep.models import GroupState
 from lockstep.recovery.steps import MOVE_STEPS, POD_OWNING_STEPS, Role, Step
@@ -47,21 +47,10 @@ class IncidentRecord(_Frozen):
     culprits: tuple[str, ...] = ()
 
 
-class GroupRecord(_Frozen):
-    """Everything recovery remembers about one group; small and JSON-serialisable.
+class Detection(_Frozen):
+    """What detection counted (written by `detect`; a transition may clear the failure
+    count through `core.Round.goto`)."""
 
-    Stored by the I/O layer in status and in an annotation (`to_json`/`from_json`).
-    Unknown fields are ignored on load so an older operator can read a newer record.
-    """
-
-    role: Role
-    index: int = Field(ge=0)
-    step: Step = Step.STARTING
-    # The restart mechanism of the recovery in flight (decided per attempt).
-    mode: Literal["InPlace", "Recreate"] = "Recreate"
-    epoch: int = Field(0, ge=0)
-    step_since: float = 0.0
-    epoch_started_at: float = 0.0
     failures: int = 0
     first_failure_at: float | None = None
     last_verdict: str | None = None
@@ -70,45 +59,168 @@ class GroupRecord(_Frozen):
     # The probe sample last counted (`GroupVerdict.sample`): never counted twice.
     last_sample: str | None = None
     last_suspect_event_at: float | None = None
-    healthy_since: float | None = None
-    incident: IncidentRecord | None = None
-    incident_seq: int = 0
-    old_pods: tuple[PodRef, ...] = ()
-    force_deleted: bool = False
+
+
+class Budget(_Frozen):
+    """Restarts counted against the budget and the backoff (written by `budget`)."""
+
     restarts: int = 0
     restart_times: tuple[float, ...] = ()
     backoff_streak: int = 0
     last_restart_at: float | None = None
+
+
+class Manual(_Frozen):
+    """A person's restart request (written by `manual`)."""
+
     handled_request: str | None = None
-    manual: bool = False
-    deferred: str | None = None
-    # Restart count of each pod (by UID) when its epoch started or was adopted: pass it
-    # to `GroupObservation.restart_baseline`, so only a restart after that is a RankDown.
-    restart_baseline: dict[str, int] = Field(default_factory=dict)
+    # The request being carried out (it lifts backoff, budget and the last-in-service
+    # guard), and whether it rolls a new pod template out (then only new pods will do).
+    requested: bool = False
+    rollout: bool = False
+
+
+class Restarting(_Frozen):
+    """How the restart under way replaces the epoch (written by `restart`, `in_place`)."""
+
+    # The restart mechanism of the recovery in flight (decided per attempt).
+    mode: Literal["InPlace", "Recreate"] = "Recreate"
+    # The pods of the epoch being replaced (snapshotted before the first delete or ask).
+    old_pods: tuple[PodRef, ...] = ()
     # In place: each old pod's restart count (by UID) when its agent was asked to restart.
     asked_counts: dict[str, int] = Field(default_factory=dict)
     last_in_place_at: float | None = None
     # Recreate: nodes the new pods should avoid when capacity allows.
     avoid_nodes: tuple[str, ...] = ()
-    # The restart under way rolls out a new pod template: recreate, never in place.
-    rollout: bool = False
-    # The open incident's evidence capture was asked for (CapturingEvidence).
-    capture_asked: bool = False
+    force_deleted: bool = False
+
+
+class Moving(_Frozen):
+    """A move off nodes under maintenance (written by `move`)."""
+
+    # Why the group is moving (None: it is not), and the nodes it leaves.
+    reason: str | None = None
+    nodes: tuple[str, ...] = ()
+    # The old epoch's pods, serving until the new one took over.
+    old_pods: tuple[PodRef, ...] = ()
+    # A move that could not be made: when to try again.
+    retry_at: float | None = None
+
+
+class Placement(_Frozen):
+    """Whole-or-nothing placement (written by `placement`)."""
+
+    # Epochs withdrawn in a row because their pods could not all be placed; the pods
+    # withdrawn; when the next attempt may start; the scheduler's reason.
+    withdrawals: int = 0
+    withdrawn: tuple[PodRef, ...] = ()
+    retry_at: float | None = None
+    unschedulable: str | None = None
+
+
+class Drain(_Frozen):
+    """A drain on purpose (written by `drain`): when the pods leaving service were out of
+    every router, and whether their in-flight requests are done (or the drain timed out;
+    per step: `core.Round.goto` clears it)."""
+
+    started_at: float | None = None
+    done: bool = False
+
+
+# The record's fields before it had sub-records, by sub-record (`GroupRecord` still
+# loads them: an annotation written by an older operator, or a test's flat fields).
+_LEGACY: dict[str, dict[str, str]] = {
+    "detection": {k: k for k in Detection.model_fields},
+    "budget": {k: k for k in Budget.model_fields},
+    "manual": {"handled_request": "handled_request", "rollout": "rollout"},
+    "restart": {
+        "mode": "mode",
+        "asked_counts": "asked_counts",
+        "last_in_place_at": "last_in_place_at",
+        "avoid_nodes": "avoid_nodes",
+        "force_deleted": "force_deleted",
+    },
+    "move": {"maintenance": "reason", "maintenance_nodes": "nodes"},
+    "placement": {"withdrawals": "withdrawals", "unschedulable": "unschedulable"},
+    "drain": {"drained_at": "started_at", "drain_done": "done"},
+}
+
+
+def _from_legacy(data: dict[str, Any]) -> dict[str, Any]:
+    """Nest the flat fields of an older record into their sub-records. `old_pods` and
+    `retry_at` served several concerns; the step says whose they were."""
+    out = dict(data)
+    step = out.get("step")
+    if not isinstance(out.get("manual", {}), dict):
+        out["manual"] = {"requested": out.pop("manual")}  # once a flag of its own
+    for sub, fields in _LEGACY.items():
+        moved = {
+            new: out.pop(old)
+            for old, new in fields.items()
+            if old in out and not (old == sub and isinstance(out[old], dict))
+        }
+        if moved:
+            out[sub] = {**(out.get(sub) or {}), **moved}
+    if "old_pods" in out:
+        pods = out.pop("old_pods")
+        owner, name = {
+            "Moving": ("move", "old_pods"),
+            "HandingOver": ("move", "old_pods"),
+            "Unschedulable": ("placement", "withdrawn"),
+        }.get(str(step), ("restart", "old_pods"))
+        out[owner] = {**(out.get(owner) or {}), name: pods}
+    if "retry_at" in out:
+        owner = "placement" if str(step) == "Unschedulable" else "move"
+        out[owner] = {**(out.get(owner) or {}), "retry_at": out.pop("retry_at")}
+    return out
+
+
+class GroupRecord(_Frozen):
+    """Everything recovery remembers about one group; small and JSON-serialisable.
+
+    The core fields are the group's place (step, epoch, name slot), its incident and its
+    restart baseline; each concern keeps its own memory in a sub-record only it writes.
+    Stored by the I/O layer in an annotation (`to_json`/`from_json`). Unknown fields are
+    ignored on load, so an older operator can read a newer record; a record of an older
+    operator (flat fields) loads into the sub-records.
+    """
+
+    role: Role
+    index: int = Field(ge=0)
+    step: Step = Step.STARTING
+    epoch: int = Field(0, ge=0)
+    step_since: float = 0.0
+    epoch_started_at: float = 0.0
     # Which name slot the current epoch's pods use (0 or 1): a make-before-break move
     # starts the next epoch in the other slot, so old and new pods coexist.
     slot: int = Field(0, ge=0, le=1)
-    # Why the group is moving for maintenance (None: it is not), and the nodes it leaves.
-    maintenance: str | None = None
-    maintenance_nodes: tuple[str, ...] = ()
-    # When the pods leaving service were out of every router (the drain's start), and
-    # whether their in-flight requests are done (or the drain timed out).
-    drained_at: float | None = None
-    drain_done: bool = False
-    # Epochs withdrawn in a row because their pods could not all be placed; when the
-    # next attempt may start; the scheduler's reason.
-    withdrawals: int = 0
-    retry_at: float | None = None
-    unschedulable: str | None = None
+    healthy_since: float | None = None
+    incident: IncidentRecord | None = None
+    incident_seq: int = 0
+    # Restart count of each pod (by UID) when its epoch started or was adopted: pass it
+    # to `GroupObservation.restart_baseline`, so only a restart after that is a RankDown.
+    restart_baseline: dict[str, int] = Field(default_factory=dict)
+    # Step scratch (cleared by every transition): the deferral last reported, and
+    # whether the open incident's evidence capture was asked for (CapturingEvidence).
+    deferred: str | None = None
+    capture_asked: bool = False
+    detection: Detection = Field(default_factory=Detection)
+    budget: Budget = Field(default_factory=Budget)
+    manual: Manual = Field(default_factory=Manual)
+    restart: Restarting = Field(default_factory=Restarting)
+    move: Moving = Field(default_factory=Moving)
+    placement: Placement = Field(default_factory=Placement)
+    drain: Drain = Field(default_factory=Drain)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_legacy_fields(cls, data: Any) -> Any:
+        return _from_legacy(data) if isinstance(data, dict) else data
+
+    @property
+    def maintenance(self) -> str | None:
+        """Why the group moves off its nodes (None: it does not)."""
+        return self.move.reason
 
     def to_json(self) -> str:
         """The compact JSON stored in the group's annotation."""

@@ -5,7 +5,7 @@ WaitingGone, Creating; or in place, `in_place`) and re-admitted."""
 
 from __future__ import annotations
 
-from lockstep.recovery import budget, drain, in_place, incidents, placement
+from lockstep.recovery import budget, drain, in_place, incidents, manual, placement
 from lockstep.recovery.actions import (
     CaptureEvidence,
     CreateEpoch,
@@ -14,14 +14,13 @@ from lockstep.recovery.actions import (
     SetGate,
     UpdateIncident,
 )
-from lockstep.recovery.core import SETTLED, Round
+from lockstep.recovery.core import Round
 from lockstep.recovery.inputs import CapturedEvidence
 from lockstep.recovery.record import refs
 from lockstep.recovery.steps import (
     CAPTURE_TIMEOUT_SECONDS,
     DELETE_GRACE_SECONDS,
     FORCE_DELETE_AFTER_SECONDS,
-    MAX_RESTART_TIMES,
     RECHECK_SECONDS,
     Reason,
     Step,
@@ -113,7 +112,9 @@ def refine(r: Round, captured: CapturedEvidence) -> None:
     if incident.verdict == Verdict.RANK_DOWN.value:
         changes["verdict"] = Verdict.DESYNCED.value
         changes["reason"] = clip_evidence(captured.cause)
-        r.update(last_verdict=Verdict.DESYNCED.value)
+        r.update(
+            detection=r.rec.detection.model_copy(update={"last_verdict": Verdict.DESYNCED.value})
+        )
         r.event(
             Reason.DESYNCED,
             f"the ranks went down on a consensus divergence: {captured.cause}",
@@ -126,7 +127,7 @@ def refine(r: Round, captured: CapturedEvidence) -> None:
 
 def on_awaiting_restart(r: Round, v: GroupVerdict | None) -> None:
     rec, rs = r.rec, r.s.recovery
-    if not rec.manual:
+    if not rec.manual.requested:
         used = budget.restarts_in_window(rec, rs, r.now)
         if used >= rs.budget.restarts:
             why = (
@@ -151,32 +152,26 @@ def on_awaiting_restart(r: Round, v: GroupVerdict | None) -> None:
             f"(maxConcurrentGroupRestarts={rs.max_concurrent_group_restarts})",
         )
         return
-    window = rs.budget.window_seconds
-    times = (*(t for t in rec.restart_times if r.now - t < window), r.now)
     attempts = rec.incident.attempts + 1 if rec.incident else 1
     if rec.incident is not None:
         r.update(incident=rec.incident.model_copy(update={"attempts": attempts}))
-    counted = {
-        "restarts": rec.restarts + 1,
-        "restart_times": times[-MAX_RESTART_TIMES:],
-        "backoff_streak": rec.backoff_streak + 1,
-        "last_restart_at": r.now,
-        "manual": False,
-    }
     if rec.maintenance:
         # A move is not a failure: no restart counted, no backoff, never in place
         # (the same pods would stay on the node that is going away).
         incidents.set_action(
             r, f"recreate the whole group on other nodes (maintenance: {rec.maintenance})"
         )
-        in_place.recreate(r, set(), avoid=rec.maintenance_nodes, changes={"manual": False})
+        manual.done(r)
+        in_place.recreate(r, set(), avoid=rec.move.nodes)
         return
     why_not = in_place.why_not_in_place(r)
+    budget.count_restart(r)
+    manual.done(r)
     if why_not is None:
-        in_place.restart_in_place(r, attempts, counted)
+        in_place.restart_in_place(r, attempts)
         return
     culprits = set(rec.incident.culprits) if rec.incident else set()
-    r.update(mode="Recreate")
+    r.update(restart=r.rec.restart.model_copy(update={"mode": "Recreate"}))
     if rs.mode == "InPlace":
         incidents.note_escalation(r, why_not)
         incidents.set_action(
@@ -184,13 +179,13 @@ def on_awaiting_restart(r: Round, v: GroupVerdict | None) -> None:
         )
     else:
         incidents.set_action(r, f"restart the whole group (Recreate; attempt {attempts})")
-    in_place.recreate(r, culprits, changes=counted)
+    in_place.recreate(r, culprits)
 
 
 def on_deleting(r: Round, v: GroupVerdict | None) -> None:
-    if r.rec.old_pods:
+    if r.rec.restart.old_pods:
         r.actions.append(
-            DeletePods(r.rec.old_pods, DELETE_GRACE_SECONDS, restart=not r.rec.maintenance)
+            DeletePods(r.rec.restart.old_pods, DELETE_GRACE_SECONDS, restart=not r.rec.maintenance)
         )
     r.goto(Step.WAITING_GONE)
 
@@ -200,7 +195,7 @@ def on_waiting_gone(r: Round, v: GroupVerdict | None) -> None:
     # Anything of another epoch must go before the new epoch rendezvouses, and so
     # must the pods snapshotted for deletion even if a lost in-place round relabelled
     # them with the target epoch; new pods of the target epoch are never deleted here.
-    doomed = {ref.uid for ref in r.rec.old_pods}
+    doomed = {ref.uid for ref in r.rec.restart.old_pods}
     left = [p for p in r.pods() if p.epoch != target or p.uid in doomed]
     if not left:
         r.goto(Step.CREATING, epoch=target)
@@ -210,7 +205,7 @@ def on_waiting_gone(r: Round, v: GroupVerdict | None) -> None:
         r.actions.append(
             DeletePods(refs(alive), DELETE_GRACE_SECONDS, restart=not r.rec.maintenance)
         )
-    if not r.rec.force_deleted and r.now - r.rec.step_since >= FORCE_DELETE_AFTER_SECONDS:
+    if not r.rec.restart.force_deleted and r.now - r.rec.step_since >= FORCE_DELETE_AFTER_SECONDS:
         r.actions.append(DeletePods(refs(left), 0))
         r.event(
             Reason.FORCE_DELETED,
@@ -218,7 +213,7 @@ def on_waiting_gone(r: Round, v: GroupVerdict | None) -> None:
             "deleted with grace 0",
             warning=True,
         )
-        r.update(force_deleted=True)
+        r.update(restart=r.rec.restart.model_copy(update={"force_deleted": True}))
     r.again_in(RECHECK_SECONDS)
 
 
@@ -235,7 +230,7 @@ def on_creating(r: Round, v: GroupVerdict | None) -> None:
             f"not be created within schedulingTimeoutSeconds={timeout:g}",
         )
         return
-    r.actions.append(CreateEpoch(r.rec.epoch, r.rec.avoid_nodes, r.rec.slot))
+    r.actions.append(CreateEpoch(r.rec.epoch, r.rec.restart.avoid_nodes, r.rec.slot))
     r.again_in(RECHECK_SECONDS)
 
 
@@ -255,9 +250,9 @@ def on_readmitting(r: Round, v: GroupVerdict | None) -> None:
     elif r.rec.incident is not None:
         attempts = r.rec.incident.attempts
         escalation = r.rec.incident.escalation
-        why = f"; {escalation}" if escalation and r.rec.mode == "Recreate" else ""
+        why = f"; {escalation}" if escalation and r.rec.restart.mode == "Recreate" else ""
         done = (
-            f"restarted the whole group ({r.rec.mode}, {attempts} attempt(s){why})"
+            f"restarted the whole group ({r.rec.restart.mode}, {attempts} attempt(s){why})"
             if attempts
             else f"no restart ({r.rec.incident.action or 'none'}); recovered by itself"
         )
@@ -265,7 +260,7 @@ def on_readmitting(r: Round, v: GroupVerdict | None) -> None:
         r.event(Reason.READMITTED, f"{done}; re-admitted in epoch {r.rec.epoch}")
     else:
         r.event(Reason.READY, f"admitted in epoch {r.rec.epoch}")
-    r.goto(Step.HEALTHY, healthy_since=r.now, **SETTLED)
+    r.settle()
     r.requeue = None
 
 

@@ -10,7 +10,7 @@ from lockstep.recovery.actions import (
     SetGate,
 )
 from lockstep.recovery.core import Round
-from lockstep.recovery.record import refs
+from lockstep.recovery.record import Drain, refs
 from lockstep.recovery.steps import DELETE_GRACE_SECONDS, RECHECK_SECONDS, Reason, Step
 from lockstep.verdicts import GroupVerdict
 
@@ -37,10 +37,10 @@ def retire(r: Round, v: GroupVerdict | None = None) -> None:
         r.event(Reason.RETIRING, "scale-down: leaving the routers, then removed")
         if r.rec.incident is not None:
             incidents.close_incident(r, "not restarted: the group was removed by a scale-down")
-        r.goto(Step.RETIRING, drained_at=None, old_pods=refs(r.pods()))
+        r.goto(Step.RETIRING, drain=Drain())
     pods = r.pods()
     leave = [p for p in pods if not p.deleting and p.gate is not False]
-    if r.rec.drained_at is None and leave:
+    if r.rec.drain.started_at is None and leave:
         r.actions.append(SetGate(refs(leave), False))
         r.again_in(RECHECK_SECONDS)
         return
@@ -59,7 +59,11 @@ def retire(r: Round, v: GroupVerdict | None = None) -> None:
 def unretire(r: Round) -> None:
     """Back within replicas while retiring."""
     if any(p.deleting for p in r.pods()) or not r.pods():
-        r.goto(Step.WAITING_GONE, old_pods=refs(r.pods()), drained_at=None)
+        r.goto(
+            Step.WAITING_GONE,
+            restart=r.rec.restart.model_copy(update={"old_pods": refs(r.pods())}),
+            drain=Drain(),
+        )
         return
     r.event(Reason.RETIRING, "scale-down undone: the group stays")
-    r.goto(Step.READMITTING, drained_at=None)
+    r.goto(Step.READMITTING, drain=Drain())
