@@ -197,13 +197,14 @@ class IncidentScene:
 
 def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> IncidentScene:
     """The scene of `IncidentScene`'s docstring, its clock at `now`."""
-    from lockstep.agent_client import consensus_cause
+    from lockstep.agent_client import report_from_text
     from lockstep.builders import build_group_pods
     from lockstep.evidence import EvidenceEntry, to_data
     from lockstep.models import Incident, PDDeploymentStatus, parse_pddeployment
     from lockstep.policy import evaluate
     from lockstep.records import ANNOTATION_RECORDS, dump_records
     from lockstep.recovery import GroupRecord, IncidentRecord, Step
+    from lockstep.verdicts import divergence_cause
 
     obj = pdd_obj(
         prefill={"tp": 1, "gpusPerPod": 1},
@@ -290,7 +291,12 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
             logs[rank],
         )
     )
-    cause = consensus_cause(answers, 0)
+    # As lockstep.executor keeps the cause of what it captured.
+    cause = divergence_cause(
+        r
+        for rank, text in enumerate(answers)
+        for r in report_from_text(f"qwen-decode-0-{rank}", text, 0).ranks or ()
+    )
     rankdown = (
         "pod qwen-decode-1-1 restarted (restart count 0 -> 1)\n"
         "signals: container-restarted, probe-failed"

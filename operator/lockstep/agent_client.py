@@ -16,7 +16,7 @@ And on a leader's SGLang HTTP port (`constants.PORT_HTTP`), lockstep's runtime r
 with the same token, `GET /lockstep/requests` and `POST /lockstep/abort` (the requests it
 holds, and ending them at once with a retryable 503: `lockstep.failover`).
 
-Parsing is pure (`report_from_ranks`, `rank_state_from_json`, `consensus_cause`, and
+Parsing is pure (`report_from_ranks`, `report_from_text`, `rank_state_from_json`, and
 `captured_ranks`/`captured_stacks` for the answers kept in an incident's evidence); a
 renamed field is a change here only, and a contract test feeds this module the real
 `PodAgent`'s answer. httpx is the HTTP client (sync and async, per-request timeouts).
@@ -25,7 +25,7 @@ renamed field is a change here only, and a contract test feeds this module the r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,24 +152,14 @@ def report_from_ranks(pod: str, body: Any, epoch: int, error: str | None = None)
         return AgentReport(pod, None, str(err))
 
 
-def consensus_cause(answers: Sequence[str], epoch: int) -> str | None:
-    """A consensus failure in captured `GET /ranks` answers (live ranks, and crashed
-    ranks of the same epoch), as one line for an incident's cause."""
-    for text in answers:
-        try:
-            body = json.loads(text)
-        except ValueError:
-            continue
-        if not isinstance(body, dict):
-            continue
-        for rank in [*(body.get("ranks") or []), *same_epoch_previous(body, epoch)]:
-            failure = rank.get("consensus_failure") if isinstance(rank, dict) else None
-            if failure:
-                first = failure.get("first_divergence") if isinstance(failure, dict) else None
-                events = (first or {}).get("events") if isinstance(first, dict) else None
-                detail = f"; first divergence: {events}" if events else ""
-                return f"rank {rank.get('rank')} reported a consensus divergence{detail}"[:500]
-    return None
+def report_from_text(pod: str, text: str, epoch: int) -> AgentReport:
+    """A `GET /ranks` answer as the evidence capture keeps it (`AgentClient.evidence`:
+    the raw text, or why there is none) parsed as `report_from_ranks` parses a live one."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return AgentReport(pod, None, f"pod {pod}: {text[:200]}")
+    return report_from_ranks(pod, body, epoch)
 
 
 @dataclass(frozen=True)

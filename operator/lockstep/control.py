@@ -102,9 +102,9 @@ from lockstep.verdicts import (
     ProbeOutcome,
     RankState,
     StepBounds,
-    Verdict,
     classify_group,
     pod_view_from_k8s,
+    pods_down,
     progress_baseline,
 )
 
@@ -129,6 +129,9 @@ class Memory:
     status_at: float | None = None
     router: str | None = None  # the router objects' hash as last applied
     router_swept_at: float | None = None  # the last sweep of the routers' registries
+    # The rank states each incident's evidence capture read (by incident id), judged
+    # with the group's observations while it waits in CapturingEvidence.
+    captured: dict[str, tuple[AgentReport, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -226,9 +229,14 @@ def observe_group(
     now: float,
     steps: StepBounds | None = None,
     token: Callable[[], str] = lambda: "",
+    captured: tuple[AgentReport, ...] | None = None,
 ) -> GroupVerdict | None:
-    """This round's verdict of a group, or None when nothing new was observed. `token`
-    gives the deployment's pod-agent token (read only when an agent is asked)."""
+    """This round's verdict of a group (the one `classify_group` of the round), or None
+    when nothing new was observed. What is observed: the newest probe sample with the
+    rank states its prober read; else the pods, when they alone show a rank down (the
+    agents are read then: ranks that went down on a consensus divergence still report
+    it); and `captured`, the rank states the incident's evidence capture read, which
+    take the place of the agents' answers. `token` gives the pod-agent token."""
     epoch = record.epoch if record is not None else 0
     views = tuple(pod_view_from_k8s(p) for p in pods)
     samples = [s for s in rt.book.samples(key) if s.epoch == epoch]
@@ -243,32 +251,33 @@ def observe_group(
             fresh.error,
         )
         agents = tuple(report_from_ranks(a.pod, a.body, epoch, a.error) for a in fresh.agents)
-        obs = GroupObservation(
-            epoch, expected_pods, probe, views, agents, baseline_counts, sample=fresh.id
+        at, previous, sample = _to_wall(fresh, rt), rt.previous_ranks.get(key, ()), fresh.id
+    else:
+        # No new probe: the pods alone can still show a dead rank (deleted, evicted,
+        # restarted), which must not wait for the next probe period.
+        probe, agents, at, previous, sample = (
+            ProbeOutcome("failed", None, "not probed"),
+            (),
+            now,
+            (),
+            None,
         )
-        previous = rt.previous_ranks.get(key, ())
-        verdict = classify_group(obs, previous, now=_to_wall(fresh, rt), steps=steps)
+        pods_only = GroupObservation(epoch, expected_pods, probe, views, (), baseline_counts)
+        if captured is None and not pods_down(pods_only):
+            return None
+        if captured is None:
+            agents = _read_agents(rt, pods, epoch, token())
+    obs = GroupObservation(
+        epoch, expected_pods, probe, views, captured or agents, baseline_counts, sample=sample
+    )
+    verdict = classify_group(obs, previous, now=at, steps=steps)
+    if fresh is not None:
         ranks = tuple(r for a in agents if a.ranks for r in a.ranks)
         baseline = progress_baseline(previous, ranks, verdict, fresh.ok)
         if baseline:
             rt.previous_ranks[key] = baseline
         else:
             rt.previous_ranks.pop(key, None)
-        return verdict
-    # No new probe: the pods alone can still show a dead rank (deleted, evicted,
-    # restarted), which must not wait for the next probe period.
-    not_probed = ProbeOutcome("failed", None, "not probed")
-    obs = GroupObservation(epoch, expected_pods, not_probed, views, (), baseline_counts)
-    verdict = classify_group(obs, (), now=now)
-    if verdict.verdict is not Verdict.RANK_DOWN or not verdict.immediate:
-        return None
-    # A rank is down. If it went down because the consensus caught a divergence, its pod
-    # agent still has the evidence (in the crashed incarnation's states): that is the
-    # cause to report, not the exit it led to.
-    agents = _read_agents(rt, pods, epoch, token())
-    if any(a.ranks and any(r.consensus_failure for r in a.ranks) for a in agents):
-        obs = GroupObservation(epoch, expected_pods, not_probed, views, agents, baseline_counts)
-        return classify_group(obs, (), now=now)
     return verdict
 
 
@@ -506,7 +515,7 @@ def _run_round(
                 continue
             verdict = observe_group(
                 rt, (namespace, name, role, g), role_records.get(g), group_pods,
-                spec_role.pods_per_group, now, steps, token,
+                spec_role.pods_per_group, now, steps, token, _capture_of(mem, role_records.get(g)),
             )  # fmt: skip
             request = manual_request(body, role, g)
             rollout = request is None and rolling == g
@@ -552,6 +561,12 @@ def _run_round(
             ):
                 exe.create_groups.add((role, g))
     _forget_restart_failures(rt, namespace, name, new_records)
+    waiting = {
+        r.incident.id
+        for r in new_records.values()
+        if r.incident is not None and r.step is Step.CAPTURING_EVIDENCE
+    }
+    mem.captured = {i: v for i, v in {**mem.captured, **exe.reports}.items() if i in waiting}
     if mem.router_swept_at is None or now - mem.router_swept_at >= ROUTER_SWEEP_SECONDS:
         # The routers' registries, level-triggered (`router_workers`: the router's own
         # races can put back a worker lockstep removed).
@@ -764,7 +779,15 @@ def _captured(
     entry = entries.get(record.incident.id)
     if entry is None or entry.captured is None:
         return None
-    return CapturedEvidence(record.incident.id, entry.cause)
+    return CapturedEvidence(record.incident.id)
+
+
+def _capture_of(mem: Memory, record: GroupRecord | None) -> tuple[AgentReport, ...] | None:
+    """The rank states the capture of the record's open incident read, while the group
+    waits in CapturingEvidence (None: none, or no longer waiting)."""
+    if record is None or record.incident is None or record.step is not Step.CAPTURING_EVIDENCE:
+        return None
+    return mem.captured.get(record.incident.id)
 
 
 def _evidence_changes(

@@ -5,7 +5,8 @@ every one is idempotent (see that module's contract). The executor works on the 
 snapshot of the deployment's pods (from the watch-fed cache) and reports back what the
 planner needs next round: in-place restarts that could not be asked
 (`Deps.restart_failures`) and the evidence it captured (`Execution.evidence`, which the
-round writes to the evidence store and feeds back to the planner).
+round writes to the evidence store, and `Execution.reports`, the rank states it read,
+which the next round's judgement takes as part of its observation).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep import constants as c
-from lockstep.agent_client import UNREACHABLE, AgentClient, consensus_cause
+from lockstep.agent_client import UNREACHABLE, AgentClient, report_from_text
 from lockstep.builders import agent_token_secret_name, build_agent_token_secret
 from lockstep.evidence import EvidenceEntry
 from lockstep.failover import (
@@ -52,6 +53,7 @@ from lockstep.router_workers import (
     sync_router_workers,
     user_urls,
 )
+from lockstep.verdicts import AgentReport, divergence_cause
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +126,10 @@ class Execution:
     epochs: dict[GroupId, int] = field(default_factory=dict)
     avoid_nodes: dict[GroupId, tuple[str, ...]] = field(default_factory=dict)
     slots: dict[GroupId, int] = field(default_factory=dict)
-    # What the captures of this round found, by incident id (for the evidence store).
+    # What the captures of this round found, by incident id: the text for the evidence
+    # store, and the rank states parsed, which the next round judges with its observation.
     evidence: dict[str, EvidenceEntry] = field(default_factory=dict)
+    reports: dict[str, tuple[AgentReport, ...]] = field(default_factory=dict)
     # Readiness gates set this round (pod name -> value): `pods` predates them.
     gates: dict[str, bool] = field(default_factory=dict)
 
@@ -396,7 +400,8 @@ class Execution:
 
     def _capture(self, action: CaptureEvidence) -> None:
         """Rank states, stacks and log tails of every pod, bounded, for the evidence
-        store; a consensus divergence found in them is reported as the cause."""
+        store; the rank states parsed too (`reports`: the next round judges them), and a
+        consensus divergence among them kept as the incident's cause."""
         by_name = {p["metadata"]["name"]: p for p in self.pods}
         agents = self.deps.agents
         token = agent_token(self.deps, self.pdd, self.namespace)
@@ -425,8 +430,14 @@ class Execution:
         with ThreadPoolExecutor(max_workers=min(len(action.pods), 16) or 1) as pool:
             results = list(pool.map(one, [ref.name for ref in action.pods]))
         captured = "\n".join(part for found, _ in results for part in found)
-        answers = [text for _, text in results if text is not None]
         epoch = self.incident_epochs.get(action.incident_id, 0)
+        reports = tuple(
+            report_from_text(ref.name, text, epoch)
+            for ref, (_, text) in zip(action.pods, results, strict=True)
+            if text is not None
+        )
+        self.reports[action.incident_id] = reports
+        cause = divergence_cause(r for a in reports for r in a.ranks or ())
         self.evidence[action.incident_id] = EvidenceEntry(
-            captured=captured[: action.max_bytes], cause=consensus_cause(answers, epoch)
+            captured=captured[: action.max_bytes], cause=cause
         )

@@ -17,6 +17,7 @@ lists them, and — only when the probe failed — the rank states every pod age
 | `RankDown` | pod missing, deleted, evicted or Failed; container not       | at once      |
 |            | running; a restart count moved; a rank process gone          |              |
 | `Unknown`  | the probe failed and no rank state could be read             | threshold    |
+| `Unknown`  | a new epoch passed no probe within its startup grace         | at once      |
 
 "threshold" means the recovery planner needs `health.failureThreshold` consecutive failed
 observations; "at once" means the first one decides. Ranks sampled from several pods are
@@ -388,12 +389,8 @@ def classify_group(
         evidence["consensus_failure"] = _bounded(
             f"{r.pod}/r{r.rank}: {r.consensus_failure}" for r in failed
         )
-        first = failed[0]
         return verdict(
-            Verdict.DESYNCED,
-            True,
-            f"rank {first.rank} ({first.pod}) reported a consensus failure",
-            [r.pod for r in failed],
+            Verdict.DESYNCED, True, divergence_cause(failed) or "", [r.pod for r in failed]
         )
 
     culprits: list[str] = []
@@ -479,6 +476,36 @@ def classify_group(
         False,
         f"every rank waits in {_key_text(key)} for {max(0.0, now - since):.1f}s, no progress",
     )
+
+
+def not_up_in_time(epoch: int, now: float, why: str) -> GroupVerdict:
+    """A starting epoch that passed no deep probe within its startup grace: Unknown (no
+    rank state said what is wrong), decided by the recovery planner's deadline."""
+    return GroupVerdict(
+        verdict=Verdict.UNKNOWN,
+        immediate=True,
+        reason=clip_evidence(why),
+        epoch=epoch,
+        observed_at=now,
+        evidence={"startup": clip_evidence(why)},
+    )
+
+
+def pods_down(obs: GroupObservation) -> bool:
+    """The pods alone show a rank down (missing, deleted, evicted, failed, restarted, not
+    running): worth a judgement even without a new probe sample."""
+    return bool(_pod_problems(obs, set(), []))
+
+
+def divergence_cause(ranks: Iterable[RankState]) -> str | None:
+    """The first consensus failure among `ranks`, as one line for an incident's reason
+    and cause (None: no rank reported one)."""
+    for r in ranks:
+        if r.consensus_failure:
+            return clip_evidence(
+                f"rank {r.rank} ({r.pod}) reported a consensus failure: {r.consensus_failure}"
+            )
+    return None
 
 
 # ---------------------------------------------------------------------------- helpers

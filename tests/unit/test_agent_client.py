@@ -14,11 +14,17 @@ from lockstep.agent_client import (
     AgentDataError,
     captured_ranks,
     captured_stacks,
-    consensus_cause,
     rank_state_from_json,
     report_from_ranks,
+    report_from_text,
 )
-from lockstep.verdicts import MAX_EVIDENCE_TEXT, Collective, Decision, RankState
+from lockstep.verdicts import (
+    MAX_EVIDENCE_TEXT,
+    Collective,
+    Decision,
+    RankState,
+    divergence_cause,
+)
 from lockstep_sglang.agent import PodAgent
 from lockstep_sglang.rank_state import RankStateWriter, archive_previous, mark_incarnation
 
@@ -141,16 +147,28 @@ def answer(previous_epoch: str | None) -> dict[str, Any]:
     return body
 
 
+def consensus_cause(text: str, epoch: int) -> str | None:
+    """The cause an evidence capture of `text` (a raw `GET /ranks` answer) keeps."""
+    return divergence_cause(report_from_text("p-1", text, epoch).ranks or ())
+
+
 def test_a_crash_in_this_epoch_is_evidence_of_a_divergence() -> None:
     report = report_from_ranks("p-1", answer("3"), 3)
     assert report.ranks and report.ranks[0].consensus_failure is not None
-    assert consensus_cause([json.dumps(answer("3"))], 3) is not None
+    assert consensus_cause(json.dumps(answer("3")), 3) is not None
+
+
+def test_a_capture_that_got_no_rank_states_is_an_unreachable_agent_saying_why() -> None:
+    for text in ("unreachable (ConnectError: refused)", "HTTP 401: {}", '{"ranks": [{"ra'):
+        report = report_from_text("p-1", text, 3)
+        assert report.ranks is None and report.error is not None
+    assert "ConnectError" in (report_from_text("p-1", "unreachable (ConnectError)", 3).error or "")
 
 
 def test_the_incarnation_an_in_place_restart_ended_is_not_this_epochs_failure() -> None:
     report = report_from_ranks("p-1", answer("2"), 3)
     assert report.ranks == ()
-    assert consensus_cause([json.dumps(answer("2"))], 3) is None
+    assert consensus_cause(json.dumps(answer("2")), 3) is None
 
 
 def test_a_runtime_that_does_not_say_its_previous_epoch_is_taken_at_its_word() -> None:
@@ -202,7 +220,7 @@ def test_the_real_pod_agents_answer_parses_field_for_field(tmp_path: Path) -> No
     assert len(mine.recent_steps_s) == 1 and mine.recent_steps_s[0] < 5.0
     # The crashed incarnation's divergence counts: it ran this epoch.
     assert by_rank[1].consensus_failure is not None and "index 8" in by_rank[1].consensus_failure
-    assert consensus_cause([json.dumps(body)], 4) is not None
+    assert consensus_cause(json.dumps(body), 4) is not None
     # Read as the next epoch's group, that old failure is not evidence.
     assert {r.rank for r in report_from_ranks("pod-a", body, 5).ranks or ()} == {0}
     live.close()

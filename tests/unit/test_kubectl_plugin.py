@@ -181,7 +181,7 @@ def test_evidence_shows_each_pods_rank_states_and_stacks() -> None:
     view = kp.evidence_view(stored(), {"data": SCENE.evidence}, "decode-0-1")
     text = kp.format_evidence(view, logs=False)
     assert text.startswith("Incident decode-0-1 of qwen (decode/0, epoch 0): Desynced, Closed")
-    assert "Cause: rank 1 reported a consensus divergence" in text
+    assert "Cause: rank 1 (qwen-decode-0-1) reported a consensus failure: divergence" in text
     assert rows(text, "0     0") == [
         ["0", "0", "4100", "yes", "1200", "batch DECODE x8 #1198",
          "all_reduce tp:cpu #311 for 12.3s", "idle, last step 0.06s", "-"],

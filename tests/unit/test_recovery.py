@@ -155,9 +155,11 @@ class Sim:
     pending: set[str] = field(default_factory=set)
     restarted: dict[str, int] = field(default_factory=dict)
     failures: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
-    # The evidence store: incident id -> the cause the capture found (None: none).
-    captured: dict[str, str | None] = field(default_factory=dict)
-    capture_cause: str | None = None
+    # The evidence store: incident id -> whether the captured rank states show a
+    # consensus failure (the next round's judgement then says Desynced, as
+    # control.observe_group's one classify_group over them does).
+    captured: dict[str, bool] = field(default_factory=dict)
+    capture_divergence: bool = False
 
     def __post_init__(self) -> None:
         for i in range(self.groups):
@@ -210,7 +212,7 @@ class Sim:
             elif isinstance(a, OpenIncident | UpdateIncident | CloseIncident):
                 self.incidents[a.incident.id] = a.incident
             elif isinstance(a, CaptureEvidence):
-                self.captured[a.incident_id] = self.capture_cause
+                self.captured[a.incident_id] = self.capture_divergence
 
     def settle(self) -> None:
         """The kubelet finishes every pending delete and in-place restart."""
@@ -230,7 +232,15 @@ class Sim:
     def inputs(
         self, verdicts: dict[int, str] | None = None, manual: dict[int, str] | None = None
     ) -> dict[int, GroupInput]:
-        verdicts, manual = verdicts or {}, manual or {}
+        verdicts, manual = dict(verdicts or {}), manual or {}
+        for i in range(self.groups):
+            rec = self.records[i]
+            if (
+                rec.step is Step.CAPTURING_EVIDENCE
+                and rec.incident is not None
+                and self.captured.get(rec.incident.id)
+            ):
+                verdicts[i] = "desync!"
         return {
             i: GroupInput(
                 pods=self.view(i),
@@ -250,7 +260,7 @@ class Sim:
         incident = self.records[group].incident
         if incident is None or incident.id not in self.captured:
             return None
-        return CapturedEvidence(incident.id, self.captured[incident.id])
+        return CapturedEvidence(incident.id)
 
     def round(
         self,
@@ -1385,14 +1395,14 @@ def test_the_captured_evidence_refines_a_rank_down_into_a_desync_once() -> None:
     """The planner owns the incident: ranks that died on a consensus divergence are
     a desync, decided from the captured evidence, in the incident the planner keeps."""
     sim = Sim()
-    sim.capture_cause = "rank 1 reported a consensus divergence; first divergence: {...}"
+    sim.capture_divergence = True
     sim.round({0: "down!"})
     (opened,) = [a for a in sim.actions(OpenIncident) if isinstance(a, OpenIncident)]
     assert opened.incident.verdict == "RankDown"
     sim.recover(0)
     incident = sim.incidents[opened.incident.id]
     assert incident.verdict == "Desynced" and incident.state == "Closed"
-    assert incident.evidence.startswith("cause: rank 1 reported a consensus divergence")
+    assert incident.evidence.startswith("cause: test says desync!")
     assert sim.reasons().count("GroupDesynced") == 1
     updates = [a for a in sim.actions(UpdateIncident) if isinstance(a, UpdateIncident)]
     verdicts = [u.incident.verdict for u in updates]

@@ -76,3 +76,51 @@ def test_a_record_written_by_the_operator_before_sub_records_still_loads() -> No
     assert withdrawn.placement.retry_at == 4.0 and withdrawn.move.retry_at is None
     # And the new layout round-trips.
     assert GroupRecord.from_json(old.to_json()) == old
+
+
+# -------------------------------------------------------------------- one judge
+
+PRODUCT = PACKAGE.parent
+
+
+def _calls(name: str) -> list[str]:
+    """Where in the product `name(...)` is called, as `module:line`."""
+    found = []
+    for path in sorted(PRODUCT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+                if called == name:
+                    found.append(f"{path.relative_to(PRODUCT)}:{node.lineno}")
+    return found
+
+
+def test_one_judge_classify_group_is_called_once_and_only_verdicts_makes_verdicts() -> None:
+    assert [c.split(":")[0] for c in _calls("classify_group")] == ["control.py"]
+    assert {c.split(":")[0] for c in _calls("GroupVerdict")} == {"verdicts.py"}
+
+
+def test_an_incident_keeps_its_verdict_as_a_verdict_and_other_kinds_apart() -> None:
+    """Manual and maintenance restarts are incidents of their own kind, not verdicts; the
+    record is stored as an older operator wrote it (the label in `verdict`) and loads."""
+    from lockstep.recovery import IncidentKind, IncidentRecord
+    from lockstep.verdicts import Verdict
+
+    base = {"id": "decode-0-1", "epoch": 0, "reason": "r", "first_failure_at": 1.0}
+    failure = IncidentRecord.model_validate({**base, "detected_at": 2.0, "verdict": "Hung"})
+    assert (failure.kind, failure.verdict, failure.label) == (
+        IncidentKind.FAILURE,
+        Verdict.HUNG,
+        "Hung",
+    )
+    moved = IncidentRecord.model_validate({**base, "detected_at": 2.0, "verdict": "Maintenance"})
+    assert (moved.kind, moved.verdict, moved.label) == (
+        IncidentKind.MAINTENANCE,
+        None,
+        "Maintenance",
+    )
+    for rec in (failure, moved):
+        stored = rec.model_dump(mode="json")
+        assert stored["verdict"] == rec.label
+        assert IncidentRecord.model_validate(stored) == rec

@@ -8,7 +8,7 @@ from __future__ import annotations
 from lockstep.recovery import incidents
 from lockstep.recovery.core import Round
 from lockstep.recovery.steps import SUSPECT_EVENT_INTERVAL_SECONDS, VERDICT_REASON, Reason, Step
-from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, Verdict
+from lockstep.verdicts import BROKEN_SIGNALS, GroupVerdict, Verdict, not_up_in_time
 
 
 def _set(r: Round, **changes: object) -> None:
@@ -23,7 +23,7 @@ def observe(r: Round) -> GroupVerdict | None:
             r,
             last_observed_at=v.observed_at,
             last_sample=v.sample or r.rec.detection.last_sample,
-            last_verdict=v.verdict.value,
+            last_verdict=v.verdict,
             last_reason=v.reason,
         )
     return v
@@ -73,7 +73,7 @@ def reach_verdict(r: Round, v: GroupVerdict, *, leaving_service: bool) -> None:
     first = d.first_failure_at if d.first_failure_at is not None else v.observed_at
     incidents.open_incident(
         r,
-        v.verdict.value,
+        v.verdict,
         v.reason,
         incidents.evidence_text(v),
         first_failure=first,
@@ -109,12 +109,13 @@ def begin_recovery(r: Round, *, leaving_service: bool, note: str = "") -> None:
     r.goto(Step.DRAINING, clear_failures=True)
 
 
-def attempt_failed(r: Round, reason: str, verdict: str) -> None:
+def attempt_failed(r: Round, v: GroupVerdict) -> None:
     """The epoch being started did not come up: treat it as another failure."""
+    reason = v.reason
     if r.rec.incident is None:
-        incidents.open_incident(r, verdict, reason, "", first_failure=r.now)
+        incidents.open_incident(r, v.verdict, reason, "", first_failure=r.now)
         r.event(
-            VERDICT_REASON.get(Verdict(verdict), Reason.UNRESPONSIVE),
+            VERDICT_REASON.get(v.verdict, Reason.UNRESPONSIVE),
             f"epoch {r.rec.epoch} did not come up: {reason}",
             warning=True,
         )
@@ -142,14 +143,14 @@ def wait_first_pass(r: Round, v: GroupVerdict | None) -> None:
         r.goto(Step.READMITTING)
         return
     if v is not None and v.is_failure and v.signals & BROKEN_SIGNALS:
-        attempt_failed(r, v.reason, v.verdict.value)
+        attempt_failed(r, v)
         return
     deadline = r.rec.epoch_started_at + r.s.health.startup_grace_seconds
     if r.now >= deadline:
         why = f"no deep probe passed within startupGraceSeconds={r.s.health.startup_grace_seconds}"
         if r.rec.detection.last_reason:
             why += f" (last: {r.rec.detection.last_reason})"
-        attempt_failed(r, why, Verdict.UNKNOWN.value)
+        attempt_failed(r, not_up_in_time(r.rec.epoch, r.now, why))
         return
     r.again_in(deadline - r.now)
 

@@ -9,12 +9,13 @@ from lockstep.models import Incident
 from lockstep.recovery.actions import CloseIncident, OpenIncident, UpdateIncident
 from lockstep.recovery.core import Round
 from lockstep.recovery.record import IncidentRecord
-from lockstep.verdicts import GroupVerdict
+from lockstep.recovery.steps import IncidentKind
+from lockstep.verdicts import GroupVerdict, Verdict
 
 
 def open_incident(
     r: Round,
-    verdict: str,
+    why: Verdict | IncidentKind,
     reason: str,
     evidence: str,
     first_failure: float,
@@ -23,7 +24,8 @@ def open_incident(
     seq = r.rec.incident_seq + 1
     incident = IncidentRecord(
         id=f"{r.s.role}-{r.rec.index}-{seq}",
-        verdict=verdict,
+        kind=why if isinstance(why, IncidentKind) else IncidentKind.FAILURE,
+        verdict=why if isinstance(why, Verdict) else None,
         epoch=r.rec.epoch,
         reason=reason,
         first_failure_at=first_failure,
@@ -65,7 +67,7 @@ def incident_model(r: Round, inc: IncidentRecord, recovered_at: float | None = N
         role=r.s.role,
         group=r.rec.index,
         epoch=inc.epoch,
-        verdict=inc.verdict,
+        verdict=inc.label,
         state="Open" if recovered_at is None else "Closed",
         action=inc.action,
         restart_mode=r.rec.restart.mode if inc.attempts else None,

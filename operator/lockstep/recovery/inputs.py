@@ -23,7 +23,7 @@ class GroupInput:
     `restart_failures`: pod UID -> why its in-place restart into the record's epoch could
     not be asked (relabel refused, agent unreachable or refusing). `template_changed`:
     the manual request rolls out a new pod template (so the restart must recreate).
-    `captured`: the open incident's evidence was captured (and what it found).
+    `captured`: the open incident's evidence was captured.
     """
 
     pods: tuple[PodView, ...] = ()
@@ -49,12 +49,12 @@ class GroupInput:
 
 @dataclass(frozen=True)
 class CapturedEvidence:
-    """The capture of an incident's evidence is done (`CaptureEvidence` executed): fed
-    back to the planner, which refines the incident's verdict and cause from it once.
-    `cause`: a consensus divergence found in the captured rank states, if any."""
+    """The capture of an incident's evidence is done (`CaptureEvidence` executed), so the
+    restart may go on. What the captured rank states show is not here: the I/O layer
+    judges them with the group's next observation, and `verdict` says what they showed
+    (a consensus failure in them refines a RankDown into a Desynced)."""
 
     incident_id: str
-    cause: str | None = None
 
 
 @dataclass(frozen=True)

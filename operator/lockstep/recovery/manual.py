@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from lockstep.recovery import budget, incidents
 from lockstep.recovery.core import Round
-from lockstep.recovery.steps import MANUAL_VERDICT, RESTARTING_STEPS, Reason, Step
+from lockstep.recovery.steps import RESTARTING_STEPS, IncidentKind, Reason, Step
 
 
 def request(r: Round) -> bool:
@@ -35,7 +35,7 @@ def request(r: Round) -> bool:
         budget.fresh(r)
     if r.rec.incident is None:
         incidents.open_incident(
-            r, MANUAL_VERDICT, f"manual restart request {req}", "", first_failure=r.now
+            r, IncidentKind.MANUAL, f"manual restart request {req}", "", first_failure=r.now
         )
     incidents.set_action(r, f"drain and restart the whole group on request {req}")
     r.event(Reason.RESTART_REQUESTED, f"restart requested ({req})")

@@ -16,10 +16,10 @@ from lockstep.recovery.core import Round
 from lockstep.recovery.record import Drain, Moving, baseline, refs
 from lockstep.recovery.steps import (
     DELETE_GRACE_SECONDS,
-    MAINTENANCE_VERDICT,
     MOVE_RETRY_SECONDS,
     MOVE_UNSCHEDULABLE_SECONDS,
     RECHECK_SECONDS,
+    IncidentKind,
     Reason,
     Step,
 )
@@ -38,7 +38,7 @@ def due(r: Round) -> bool:
         return False
     nodes = r.inp.maintenance_nodes
     if mode == "MakeBeforeBreak":
-        incidents.open_incident(r, MAINTENANCE_VERDICT, why, why, first_failure=r.now)
+        incidents.open_incident(r, IncidentKind.MAINTENANCE, why, why, first_failure=r.now)
         target, slot = r.rec.epoch + 1, 1 - r.rec.slot
         incidents.set_action(r, f"move make-before-break: epoch {target} on other nodes first")
         r.event(
@@ -72,7 +72,7 @@ def drain_first(r: Round, why: str, nodes: Sequence[str]) -> bool:
         )
         return False
     if r.rec.incident is None:
-        incidents.open_incident(r, MAINTENANCE_VERDICT, why, why, first_failure=r.now)
+        incidents.open_incident(r, IncidentKind.MAINTENANCE, why, why, first_failure=r.now)
     incidents.set_action(r, "move by draining first, then recreate on other nodes")
     r.event(Reason.MAINTENANCE, f"maintenance ({why}): draining the group, then moving it")
     r.goto(

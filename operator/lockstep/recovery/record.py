@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from lockstep.models import GroupState
-from lockstep.recovery.steps import MOVE_STEPS, POD_OWNING_STEPS, Role, Step
-from lockstep.verdicts import PodView
+from lockstep.recovery.steps import MOVE_STEPS, POD_OWNING_STEPS, IncidentKind, Role, Step
+from lockstep.verdicts import PodView, Verdict
 
 
 class _Frozen(BaseModel):
@@ -33,7 +33,8 @@ class IncidentRecord(_Frozen):
     """The open incident of a group, as much as recovery needs to close it."""
 
     id: str
-    verdict: str
+    kind: IncidentKind = IncidentKind.FAILURE
+    verdict: Verdict | None = None  # a failure's verdict (None for the other kinds)
     epoch: int
     reason: str
     first_failure_at: float
@@ -46,6 +47,27 @@ class IncidentRecord(_Frozen):
     # Pods the verdict implicated (their nodes are avoided when the group is recreated).
     culprits: tuple[str, ...] = ()
 
+    @property
+    def label(self) -> str:
+        """What status shows: the verdict, else the kind (Manual, Maintenance)."""
+        return self.verdict.value if self.verdict is not None else self.kind.value
+
+    # Stored as before (the verdict's or the kind's name in `verdict`), so that an older
+    # operator still reads the record; a record stored that way loads into the kind.
+    @field_serializer("verdict")
+    def _store_label(self, verdict: Verdict | None) -> str:
+        return self.label
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_label(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("verdict") in _KIND_LABELS:
+            data = {**data, "kind": data["verdict"], "verdict": None}
+        return data
+
+
+_KIND_LABELS = {k.value for k in IncidentKind if k is not IncidentKind.FAILURE}
+
 
 class Detection(_Frozen):
     """What detection counted (written by `detect`; a transition may clear the failure
@@ -53,7 +75,7 @@ class Detection(_Frozen):
 
     failures: int = 0
     first_failure_at: float | None = None
-    last_verdict: str | None = None
+    last_verdict: Verdict | None = None
     last_reason: str | None = None
     last_observed_at: float | None = None
     # The probe sample last counted (`GroupVerdict.sample`): never counted twice.
@@ -286,14 +308,15 @@ _STEP_STATE: dict[Step, GroupState] = {
 }
 
 
-def _verdict_state(verdict: str) -> GroupState:
-    if verdict == "Desynced":
-        return "Desynced"
-    if verdict == "Hung":
-        return "Hung"
-    if verdict == "RankDown":
-        return "RankDown"
-    return "Suspect"
+_VERDICT_STATE: dict[Verdict, GroupState] = {
+    Verdict.DESYNCED: "Desynced",
+    Verdict.HUNG: "Hung",
+    Verdict.RANK_DOWN: "RankDown",
+}
+
+
+def _verdict_state(verdict: Verdict | None) -> GroupState:
+    return _VERDICT_STATE.get(verdict, "Suspect") if verdict is not None else "Suspect"
 
 
 def baseline(pods: Sequence[PodView], epoch: int) -> dict[str, int]:

@@ -15,7 +15,6 @@ from lockstep.recovery.actions import (
     UpdateIncident,
 )
 from lockstep.recovery.core import Round
-from lockstep.recovery.inputs import CapturedEvidence
 from lockstep.recovery.record import refs
 from lockstep.recovery.steps import (
     CAPTURE_TIMEOUT_SECONDS,
@@ -25,7 +24,7 @@ from lockstep.recovery.steps import (
     Reason,
     Step,
 )
-from lockstep.verdicts import GroupVerdict, Verdict, clip_evidence
+from lockstep.verdicts import GroupVerdict, Signal, Verdict
 
 
 def on_draining(r: Round, v: GroupVerdict | None) -> None:
@@ -54,7 +53,7 @@ def on_draining(r: Round, v: GroupVerdict | None) -> None:
 
 def end_reason(r: Round) -> str:
     inc = r.rec.incident
-    what = inc.verdict if inc is not None else "out of service"
+    what = inc.label if inc is not None else "out of service"
     return (
         f"{r.s.role}/{r.rec.index} ({what}) is being restarted by lockstep; retry on another group"
     )
@@ -68,7 +67,8 @@ def on_capturing_evidence(r: Round, v: GroupVerdict | None) -> None:
         return
     captured = r.inp.captured
     if captured is not None and captured.incident_id == incident.id:
-        refine(r, captured)
+        if v is not None and Signal.CONSENSUS_FAILURE in v.signals:
+            refine(r, v)
         r.goto(Step.AWAITING_RESTART)
         return
     if r.now - r.rec.step_since >= CAPTURE_TIMEOUT_SECONDS:
@@ -96,28 +96,27 @@ def on_capturing_evidence(r: Round, v: GroupVerdict | None) -> None:
         r.again_in(RECHECK_SECONDS)
 
 
-def refine(r: Round, captured: CapturedEvidence) -> None:
-    """The one place an incident's verdict and cause change after it opened: ranks
-    that died because the consensus caught a divergence are a desync (the exit was
-    only its consequence)."""
+def refine(r: Round, v: GroupVerdict) -> None:
+    """The one place an incident changes after it opened: the captured rank states,
+    judged with the group's next observation, show a consensus failure. Ranks that went
+    down because the consensus caught a divergence are a desync (the exit was only its
+    consequence); the cause is added to the evidence either way."""
     incident = r.rec.incident
-    if incident is None or not captured.cause:
+    if incident is None:
         return
     changes: dict[str, object] = {
         "evidence": incidents.bound(
-            f"cause: {captured.cause}\n{incident.evidence}",
+            f"cause: {v.reason}\n{incident.evidence}",
             r.s.recovery.diagnostics.max_evidence_bytes,
         )
     }
-    if incident.verdict == Verdict.RANK_DOWN.value:
-        changes["verdict"] = Verdict.DESYNCED.value
-        changes["reason"] = clip_evidence(captured.cause)
-        r.update(
-            detection=r.rec.detection.model_copy(update={"last_verdict": Verdict.DESYNCED.value})
-        )
+    if incident.verdict is Verdict.RANK_DOWN:
+        changes["verdict"] = v.verdict
+        changes["reason"] = v.reason
+        r.update(detection=r.rec.detection.model_copy(update={"last_verdict": v.verdict}))
         r.event(
             Reason.DESYNCED,
-            f"the ranks went down on a consensus divergence: {captured.cause}",
+            f"the ranks went down on a consensus divergence: {v.reason}",
             warning=True,
         )
     incident = incident.model_copy(update=changes)

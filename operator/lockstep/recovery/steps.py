@@ -134,8 +134,16 @@ VERDICT_REASON = {
     Verdict.UNKNOWN: Reason.UNRESPONSIVE,
 }
 
-MANUAL_VERDICT = "Manual"
-MAINTENANCE_VERDICT = "Maintenance"
+
+class IncidentKind(StrEnum):
+    """Why an incident opened: a failure (it carries the verdict), or a restart that is
+    not one (a manual request, a maintenance move); status shows the verdict, else this."""
+
+    FAILURE = "Failure"
+    MANUAL = "Manual"
+    MAINTENANCE = "Maintenance"
+
+
 # A make-before-break move whose new pods the scheduler reports unschedulable this long
 # falls back to draining first (there is no capacity elsewhere right now).
 MOVE_UNSCHEDULABLE_SECONDS = 10.0
