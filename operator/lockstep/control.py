@@ -1,21 +1,26 @@
-"""One control round for one PDDeployment: observe, judge, plan, act, persist, report.
+"""One control round for one PDDeployment: observe, judge, plan, execute, record.
 
 The round orchestrator, called by the PDDeployment's daemon (`lockstep.handlers`) when
 something happened (a failed probe, a pod changed, the spec changed, a recovery step
-asked to run again) and on a slow resync. It decides nothing itself:
+asked to run again) and on a slow resync. It decides nothing itself; `_run_round` is
+one call per phase:
 
-1. observe: the deployment's pods and Services come from watch-fed caches (the caller
-   passes them), the group records and the incident history from this runtime's memory
-   (the annotations the last round persisted; read from the object only after an
-   operator restart), the latest deep-probe samples from the `ProbeBook`;
-2. judge each group (`verdicts.classify_group`) and plan each role
-   (`recovery.plan_role`, the incident's one owner, with its guard rails), feeding back
-   the evidence the last capture found (`recovery.CapturedEvidence`);
-3. execute the planned actions in order (`lockstep.executor`), then the reconcile plan
-   (`reconcile.plan_reconcile`) and the router's objects;
-4. persist the records, the incident history (`lockstep.records`) and the evidence
-   (`lockstep.evidence`) when they changed, derive status (`lockstep.status`) and patch
-   it only when it changed, and tell the prober which groups to probe.
+1. observe (`_observe`): the deployment's pods, Services, budgets and scale targets come
+   from watch-fed caches (the caller passes them), the group records and the incident
+   history from this runtime's memory (the annotations the last round persisted; read
+   from the object only after an operator restart), the evidence store's entries, each
+   role's group count (`rolescale.resolve`) and the groups whose template changed;
+2. judge (`_judge`): each group once (`observe_group`: the newest deep-probe sample from
+   the `ProbeBook`, or the pods when they alone show a rank down, with the rank states an
+   evidence capture read; `verdicts.classify_group` is called there and nowhere else),
+   into the planner's input;
+3. plan each role (`recovery.plan_role`, the incident's one owner, with its guard rails);
+4. execute (`_execute`): every change goes through `lockstep.executor` — the scale
+   targets, each group's actions in order, the new epochs with the reconcile plan
+   (`reconcile.plan_reconcile`, once), the disruption budgets, the router's objects;
+5. record (`_record`): the records, the incident history (`lockstep.records`) and the
+   evidence (`lockstep.evidence`) when they changed, the prober's targets, status
+   (`lockstep.status`, patched only when it changed) and the metrics.
 
 Every action is idempotent (see `recovery`), so a round interrupted anywhere (an
 operator crash) is simply run again from the persisted records. A healthy deployment
@@ -37,13 +42,8 @@ import httpx
 from lockstep import constants as c
 from lockstep.agent_client import AgentClient, agent_url, report_from_ranks
 from lockstep.builders import (
-    ROUTER_KINDS,
     build_evidence_configmap,
     build_group_pods,
-    build_router,
-    role_selector,
-    router_name,
-    spec_hash,
 )
 from lockstep.evidence import EvidenceEntry, EvidenceStore
 from lockstep.executor import Deps, EventSink, Execution, GroupId, agent_token
@@ -59,7 +59,7 @@ from lockstep.models import (
 )
 from lockstep.policy import PolicyResult, evaluate, watchdog_seconds
 from lockstep.prober import ProbeBook, ProbeSample, ProbeTarget
-from lockstep.reconcile import ReconcilePlan, label, plan_reconcile, plan_router, pods_by_group
+from lockstep.reconcile import label, plan_reconcile, pods_by_group, stale_groups
 from lockstep.records import (
     ANNOTATION_INCIDENTS,
     ANNOTATION_RECORDS,
@@ -79,6 +79,7 @@ from lockstep.recovery import (
     GroupRecord,
     OpenIncident,
     Role,
+    RolePlan,
     RoleSettings,
     Step,
     UpdateIncident,
@@ -89,10 +90,8 @@ from lockstep.recovery import (
 )
 from lockstep.rolescale import (
     Resolution,
-    build_role_scale,
     resolve,
     role_scale_name,
-    status_patch,
 )
 from lockstep.status import LastProbe, derive_status, invalid_status, status_changed
 from lockstep.verdicts import (
@@ -443,205 +442,305 @@ def _run_round(
         writes = _patch_status(rt, mem, namespace, name, status, now)
         return RoundResult(status, {}, None, [], writes)
 
-    assert rt.deps is not None and rt.evidence is not None
-    by_group = pods_by_group(pods)
-    records = mem.records
-    entries = rt.evidence.entries(*key)
-    exe = Execution(
-        rt.deps,
-        pdd,
-        namespace,
-        events,
-        pods,
-        incident_epochs={
-            r.incident.id: r.incident.epoch for r in records.values() if r.incident is not None
-        },
-    )
-    new_records: dict[str, GroupRecord] = {}
-    all_actions: list[Action] = []
-    requeue: float | None = None
-    # Spec changes roll group by group (one restart request at a time), judged against
-    # each group's own epoch (the epoch is part of the pod template).
-    roles: tuple[Role, ...] = ("prefill", "decode")
-    # How many groups each role runs: the PDDeployment's count or its scale target's
-    # (`rolescale.resolve`, THE RULE); the scale targets are created or corrected first.
-    resolutions = {
-        role: resolve(pdd.spec.role(role).replicas, _scale_of(scales, name, role)) for role in roles
+    seen = _observe(rt, mem, key, body, pdd, policy, now, pods, services, deployments,
+                    nodes, scales, pdbs)  # fmt: skip
+    judged = {role: _judge(rt, mem, seen, role) for role in ROLES}
+    plans = {
+        role: plan_role(RoleSettings.from_spec(pdd.spec, role), j.records, j.inputs, now=now)
+        for role, j in judged.items()
     }
-    _apply_scale_specs(rt, pdd, namespace, resolutions)
-    wanted: dict[Role, int] = {role: res.replicas for role, res in resolutions.items()}
-    current_epochs: dict[GroupId, int] = {(str(r.role), r.index): r.epoch for r in records.values()}
-    current_slots: dict[GroupId, int] = {(str(r.role), r.index): r.slot for r in records.values()}
-    stale = plan_reconcile(
+    assert rt.deps is not None
+    exe = Execution(
+        rt.deps, pdd, namespace, events, pods,
+        incident_epochs={
+            r.incident.id: r.incident.epoch for r in mem.records.values() if r.incident
+        },
+    )  # fmt: skip
+    done = _execute(mem, seen, judged, plans, exe)
+    return _record(rt, mem, seen, exe, done, old_conditions)
+
+
+ROLES: tuple[Role, ...] = ("prefill", "decode")
+# How often, at most, a deployment's router registries are swept (one GET per replica).
+ROUTER_SWEEP_SECONDS = 5.0
+
+
+@dataclass
+class Seen:
+    """What a round observed of one deployment: the watch caches' objects, the records
+    (memory), the evidence store's entries, each role's group count (its scale target's,
+    `rolescale.resolve`, THE RULE) and the groups whose pod template changed."""
+
+    key: DeploymentKey
+    body: Mapping[str, Any]
+    pdd: PDDeployment
+    policy: PolicyResult
+    now: float
+    pods: list[dict[str, Any]]
+    by_group: dict[GroupId, list[dict[str, Any]]]
+    services: list[dict[str, Any]]
+    deployments: list[dict[str, Any]]
+    nodes: Mapping[str, NodeState]
+    scales: list[dict[str, Any]]
+    pdbs: list[dict[str, Any]]
+    entries: Mapping[str, EvidenceEntry]
+    resolutions: dict[Role, Resolution]
+    stale: list[GroupId]
+
+    @property
+    def namespace(self) -> str:
+        return self.key[0]
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+    @property
+    def wanted(self) -> dict[Role, int]:
+        """How many groups each role runs."""
+        return {role: res.replicas for role, res in self.resolutions.items()}
+
+
+@dataclass
+class Judged:
+    """One role's groups as the planner gets them: the records (found-running groups
+    adopted), and each group's input with this round's verdict."""
+
+    replicas: int  # the groups the role runs (0 while paused); those beyond retire
+    records: dict[int, GroupRecord]
+    inputs: dict[int, GroupInput]
+
+
+@dataclass
+class Done:
+    """What the round's execution leaves to record."""
+
+    records: dict[str, GroupRecord]
+    actions: list[Action]
+    requeue: float | None
+
+
+def _observe(
+    rt: Runtime,
+    mem: Memory,
+    key: DeploymentKey,
+    body: Mapping[str, Any],
+    pdd: PDDeployment,
+    policy: PolicyResult,
+    now: float,
+    pods: list[dict[str, Any]],
+    services: list[dict[str, Any]],
+    deployments: list[dict[str, Any]],
+    nodes: Mapping[str, NodeState],
+    scales: list[dict[str, Any]],
+    pdbs: list[dict[str, Any]],
+) -> Seen:
+    assert rt.evidence is not None
+    resolutions = {
+        role: resolve(pdd.spec.role(role).replicas, _scale_of(scales, key[1], role))
+        for role in ROLES
+    }
+    records = mem.records.values()
+    # Spec changes roll group by group (one restart request at a time), judged against
+    # each group's own epoch and slot (the epoch is part of the pod template).
+    stale = stale_groups(
         pdd,
         policy,
         pods,
-        services,
-        current_epochs,
-        set(),
-        slots=current_slots,
-        replicas={str(k): v for k, v in wanted.items()},
-    ).stale_groups
-    deps = rt.deps
+        {(str(r.role), r.index): r.epoch for r in records},
+        {(str(r.role), r.index): r.slot for r in records},
+        {str(role): res.replicas for role, res in resolutions.items()},
+    )
+    return Seen(key, body, pdd, policy, now, pods, pods_by_group(pods), services, deployments,
+                nodes, scales, pdbs, rt.evidence.entries(*key), resolutions, stale)  # fmt: skip
+
+
+def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
+    """Each group of a role judged once (`observe_group`) and its planner input."""
+    assert rt.deps is not None
+    deps, pdd, now = rt.deps, seen.pdd, seen.now
+    namespace, name = seen.namespace, seen.name
+    spec_role = pdd.spec.role(role)
+    steps = step_bounds(pdd, watchdog_seconds(seen.policy.roles[role].argv))
+    replicas = 0 if pdd.spec.paused else seen.wanted[role]
+    # Groups beyond replicas (a scale-down) stay planned until they have left: drained
+    # first, then deleted (`recovery`); paused deployments delete at once.
+    present = [g for (r, g) in seen.by_group if r == role]
+    present += [rec.index for rec in mem.records.values() if rec.role == role]
+    span = replicas if pdd.spec.paused else max([replicas, *(g + 1 for g in present)])
+    records = {g: r for g in range(span) if (r := mem.records.get(record_key(role, g))) is not None}
+    for g in range(span):
+        if g not in records and seen.by_group.get((role, g)):
+            # Found running without a record (fresh install, lost annotation): adopt it
+            # with today's restart counts as the baseline.
+            records[g] = adopt_group(
+                role, g, [pod_view_from_k8s(p) for p in seen.by_group[(role, g)]], now=now
+            )
 
     def token() -> str:
         return agent_token(deps, pdd, namespace)
 
+    rolling = _rolling_group(role, seen.stale, records)
+    inputs = {}
+    for g in range(span):
+        group_pods = seen.by_group.get((role, g), [])
+        rec = records.get(g)
+        if g >= replicas and not group_pods and rec is None:
+            continue
+        verdict = observe_group(
+            rt, (namespace, name, role, g), rec, group_pods, spec_role.pods_per_group, now,
+            steps, token, _capture_of(mem, rec),
+        )  # fmt: skip
+        request = manual_request(seen.body, role, g)
+        rollout = request is None and rolling == g
+        if rollout:
+            request = f"spec-{_pod_hash(pdd, seen.policy, role)}"
+        failed = deps.restart_failures.get((namespace, name, role, g, rec.epoch), {}) if rec else {}
+        moving, moving_nodes = _maintenance(rec, group_pods, seen.nodes)
+        inputs[g] = GroupInput(
+            maintenance=moving,
+            maintenance_nodes=moving_nodes,
+            inflight=_inflight(rt, rec, group_pods),
+            pods=tuple(pod_view_from_k8s(p) for p in group_pods),
+            verdict=verdict,
+            manual_request=request,
+            restart_failures={uid: why for uid, (why, _) in failed.items()},
+            restart_unreachable=frozenset(uid for uid, (_, silent) in failed.items() if silent),
+            template_changed=rollout and g < replicas,
+            captured=_captured(rec, seen.entries),
+            retire=g >= replicas,
+        )
+    return Judged(replicas, records, inputs)
+
+
+def _execute(
+    mem: Memory,
+    seen: Seen,
+    judged: Mapping[Role, Judged],
+    plans: Mapping[Role, RolePlan],
+    exe: Execution,
+) -> Done:
+    """Every change of the round, through the executor: the scale targets, each group's
+    actions in order, the new epochs, the reconcile plan, the disruption budgets, the
+    router's objects and registries."""
+    exe.apply_scale_targets(seen.resolutions)
+    records: dict[str, GroupRecord] = {}
+    actions: list[Action] = []
+    requeue: float | None = None
     retiring: set[GroupId] = set()
-    for role in roles:
-        spec_role = pdd.spec.role(role)
-        steps = step_bounds(pdd, watchdog_seconds(policy.roles[role].argv))
-        replicas = 0 if pdd.spec.paused else wanted[role]
-        # Groups beyond replicas (a scale-down) stay planned until they have left: drained
-        # first, then deleted (`recovery`); paused deployments delete at once.
-        present = [g for (r, g) in by_group if r == role]
-        present += [rec.index for rec in records.values() if rec.role == role]
-        span = replicas if pdd.spec.paused else max([replicas, *(g + 1 for g in present)])
-        role_records = {
-            g: r for g in range(span) if (r := records.get(record_key(role, g))) is not None
-        }
-        for g in range(span):
-            if g not in role_records and by_group.get((role, g)):
-                # Found running without a record (fresh install, lost annotation): adopt
-                # it with today's restart counts as the baseline.
-                role_records[g] = adopt_group(
-                    role, g, [pod_view_from_k8s(p) for p in by_group[(role, g)]], now=now
-                )
-        rolling = _rolling_group(role, stale, role_records)
-        inputs = {}
-        for g in range(span):
-            group_pods = by_group.get((role, g), [])
-            if g >= replicas and not group_pods and g not in role_records:
-                continue
-            verdict = observe_group(
-                rt, (namespace, name, role, g), role_records.get(g), group_pods,
-                spec_role.pods_per_group, now, steps, token, _capture_of(mem, role_records.get(g)),
-            )  # fmt: skip
-            request = manual_request(body, role, g)
-            rollout = request is None and rolling == g
-            if rollout:
-                request = f"spec-{_pod_hash(pdd, policy, role)}"
-            rec = role_records.get(g)
-            failed = (
-                rt.deps.restart_failures.get((namespace, name, role, g, rec.epoch), {})
-                if rec
-                else {}
-            )
-            moving, moving_nodes = _maintenance(rec, group_pods, nodes)
-            inputs[g] = GroupInput(
-                maintenance=moving,
-                maintenance_nodes=moving_nodes,
-                inflight=_inflight(rt, rec, group_pods),
-                pods=tuple(pod_view_from_k8s(p) for p in group_pods),
-                verdict=verdict,
-                manual_request=request,
-                restart_failures={uid: why for uid, (why, _) in failed.items()},
-                restart_unreachable=frozenset(uid for uid, (_, silent) in failed.items() if silent),
-                template_changed=rollout and g < replicas,
-                captured=_captured(rec, entries),
-                retire=g >= replicas,
-            )
-        plan = plan_role(RoleSettings.from_spec(pdd.spec, role), role_records, inputs, now=now)
+    for role, plan in plans.items():
+        j = judged[role]
         for g, gp in sorted(plan.groups.items()):
             exe.execute(role, g, gp.actions)
-            all_actions.extend(gp.actions)
-            if g >= replicas:
-                if retired(gp.record, inputs[g].pods):
+            actions.extend(gp.actions)
+            if g >= j.replicas:
+                if retired(gp.record, j.inputs[g].pods):
                     continue  # left for good: forget it
                 retiring.add((role, g))
-            new_records[record_key(role, g)] = gp.record
+            records[record_key(role, g)] = gp.record
             if gp.requeue_after is not None:
                 requeue = gp.requeue_after if requeue is None else min(requeue, gp.requeue_after)
             exe.epochs.setdefault((role, g), gp.record.epoch)
             exe.slots.setdefault((role, g), gp.record.slot)
             if (
-                g < replicas
+                g < j.replicas
                 and reconciler_may_create_pods(gp.record)
-                and not by_group.get((role, g))
+                and not seen.by_group.get((role, g))
             ):
                 exe.create_groups.add((role, g))
-    _forget_restart_failures(rt, namespace, name, new_records)
-    waiting = {
-        r.incident.id
-        for r in new_records.values()
-        if r.incident is not None and r.step is Step.CAPTURING_EVIDENCE
-    }
-    mem.captured = {i: v for i, v in {**mem.captured, **exe.reports}.items() if i in waiting}
-    if mem.router_swept_at is None or now - mem.router_swept_at >= ROUTER_SWEEP_SECONDS:
+    if mem.router_swept_at is None or seen.now - mem.router_swept_at >= ROUTER_SWEEP_SECONDS:
         # The routers' registries, level-triggered (`router_workers`: the router's own
         # races can put back a worker lockstep removed).
         exe.sweep_routers()
-        mem.router_swept_at = now
-    if exe.create_groups:
-        # Pods read their restart token from the Secret: it exists before they do.
-        agent_token(rt.deps, pdd, namespace, fresh=True)
+        mem.router_swept_at = seen.now
+    exe.new_epochs()
     # Pods deleted this round are still in the cache: the reconcile plan creates nothing
     # for a group while pods of another epoch exist, so the next round (woken by the
     # deletes' watch events) creates the new epoch.
     reconcile = plan_reconcile(
-        pdd,
-        policy,
-        pods,
-        services,
+        seen.pdd,
+        seen.policy,
+        seen.pods,
+        seen.services,
         exe.epochs,
         exe.create_groups,
         exe.avoid_nodes,
         exe.slots,
         retiring,
-        {str(k): v for k, v in wanted.items()},
+        {str(k): v for k, v in seen.wanted.items()},
         # A quarantined group serves nothing and waits for a person: it has no budget, so
         # a drain takes its pods rather than wait (the quarantine and its evidence stay).
-        unguarded={(r.role, r.index) for r in new_records.values() if r.step is Step.QUARANTINED},
+        unguarded={(r.role, r.index) for r in records.values() if r.step is Step.QUARANTINED},
     )
-    _apply_reconcile(rt, namespace, reconcile, events)
-    _apply_pdbs(rt, namespace, reconcile.pdbs, pdbs)
-    _apply_router(rt, pdd, namespace, mem, services, deployments)
+    exe.apply_reconcile(reconcile)
+    exe.apply_pdbs(reconcile.pdbs, seen.pdbs)
+    mem.router = exe.apply_router(mem.router, seen.services, seen.deployments)
+    return Done(records, actions, requeue)
 
-    # Persist: the records, the history, the evidence (the planner's memory).
-    incidents = apply_incident_actions(mem.incidents, all_actions)
+
+def _record(
+    rt: Runtime,
+    mem: Memory,
+    seen: Seen,
+    exe: Execution,
+    done: Done,
+    old_conditions: list[Any],
+) -> RoundResult:
+    """The round's memory (records, history, evidence, what captures read), the prober's
+    targets, status (and the scale targets' status), the metrics."""
+    assert rt.evidence is not None
+    namespace, name, pdd, records = seen.namespace, seen.name, seen.pdd, done.records
+    _forget_restart_failures(rt, namespace, name, records)
+    waiting = {
+        r.incident.id
+        for r in records.values()
+        if r.incident is not None and r.step is Step.CAPTURING_EVIDENCE
+    }
+    mem.captured = {i: v for i, v in {**mem.captured, **exe.reports}.items() if i in waiting}
+    incidents = apply_incident_actions(mem.incidents, done.actions)
     rt.evidence.update(
         namespace,
         name,
-        key[2],
-        _evidence_changes(entries, all_actions, exe.evidence),
+        seen.key[2],
+        _evidence_changes(seen.entries, done.actions, exe.evidence),
         keep=incidents.keys(),
         build=lambda data: build_evidence_configmap(pdd, data),
     )
     writes = 0
-    persisted = (dump_records(new_records), dump_incidents(incidents))
+    persisted = (dump_records(records), dump_incidents(incidents))
     if persisted != mem.persisted:
         rt.kube.patch_pddeployment_annotations(
             namespace, name, {ANNOTATION_RECORDS: persisted[0], ANNOTATION_INCIDENTS: persisted[1]}
         )
         writes += 1
-    mem.records, mem.incidents, mem.persisted = new_records, incidents, persisted
-    _update_targets(rt, pdd, namespace, name, new_records, by_group)
+    mem.records, mem.incidents, mem.persisted = records, incidents, persisted
+    _update_targets(rt, pdd, namespace, name, records, seen.by_group)
     status = derive_status(
         pdd,
-        policy,
+        seen.policy,
         old_conditions,
-        new_records,
+        records,
         incidents,
-        rt.evidence.entries(*key),
-        by_group,
-        _last_probes(rt, namespace, name, new_records),
-        now,
-        replicas={role: (wanted[role], res.source) for role, res in resolutions.items()},
+        rt.evidence.entries(*seen.key),
+        seen.by_group,
+        _last_probes(rt, namespace, name, records),
+        seen.now,
+        replicas={role: (res.replicas, res.source) for role, res in seen.resolutions.items()},
         leader=rt.leader,
     )
-    _apply_scale_status(rt, pdd, namespace, scales, resolutions, status)
-    for role in roles:
+    exe.apply_scale_status(seen.scales, seen.resolutions, status)
+    for role in ROLES:
         role_status = status.get(role) or {}
-        rt.metrics.desired_groups.labels(namespace, name, role).set(wanted[role])
+        rt.metrics.desired_groups.labels(namespace, name, role).set(seen.wanted[role])
         rt.metrics.ready_groups.labels(namespace, name, role).set(
             int(role_status.get("readyGroups", 0))
         )
-    writes += _patch_status(rt, mem, namespace, name, status, now)
+    writes += _patch_status(rt, mem, namespace, name, status, seen.now)
     rt.metrics.incidents_open.labels(namespace, name).set(status["openIncidents"])
     rt.metrics.quarantined.labels(namespace, name).set(
-        sum(r.step is Step.QUARANTINED for r in new_records.values())
+        sum(r.step is Step.QUARANTINED for r in records.values())
     )
-    return RoundResult(status, new_records, requeue, all_actions, writes)
+    return RoundResult(status, records, done.requeue, done.actions, writes)
 
 
 def _scale_of(scales: Sequence[Mapping[str, Any]], name: str, role: str) -> dict[str, Any] | None:
@@ -649,58 +748,6 @@ def _scale_of(scales: Sequence[Mapping[str, Any]], name: str, role: str) -> dict
     want = role_scale_name(name, role)
     found = next((s for s in scales if (s.get("metadata") or {}).get("name") == want), None)
     return dict(found) if found is not None else None
-
-
-def _apply_scale_specs(
-    rt: Runtime, pdd: PDDeployment, namespace: str, resolutions: Mapping[Role, Resolution]
-) -> None:
-    """Create the missing scale targets; write a person's count into one (THE RULE's
-    step 2): before the status records it, so a crash in between repeats the same."""
-    for role, res in resolutions.items():
-        if res.create:
-            obj = build_role_scale(
-                pdd.metadata.name,
-                namespace,
-                pdd.metadata.uid,
-                role,
-                res.replicas,
-                role_selector(pdd, role),
-            )
-            rt.kube.create_role_scale(obj)
-        elif res.scale_spec_patch is not None:
-            rt.kube.patch_role_scale(
-                namespace,
-                role_scale_name(pdd.metadata.name, role),
-                res.scale_spec_patch,
-                status=False,
-            )
-
-
-def _apply_scale_status(
-    rt: Runtime,
-    pdd: PDDeployment,
-    namespace: str,
-    scales: Sequence[Mapping[str, Any]],
-    resolutions: Mapping[Role, Resolution],
-    status: Mapping[str, Any],
-) -> None:
-    """Each scale target's status: THE RULE's record, the groups the role has (retiring
-    ones not counted) and has ready, the serving pods' selector. Written only when it
-    differs from what the watch shows."""
-    for role, res in resolutions.items():
-        groups = (status.get(role) or {}).get("groups") or []
-        patch = status_patch(
-            res,
-            replicas=sum(1 for g in groups if g.get("state") != "Retiring"),
-            ready_groups=int((status.get(role) or {}).get("readyGroups", 0)),
-            selector=role_selector(pdd, role),
-        )
-        live = _scale_of(scales, pdd.metadata.name, role)
-        shown = (live or {}).get("status") or {}
-        if res.create or any(shown.get(k) != v for k, v in patch["status"].items()):
-            rt.kube.patch_role_scale(
-                namespace, role_scale_name(pdd.metadata.name, role), patch, status=True
-            )
 
 
 def _maintenance(
@@ -740,34 +787,6 @@ def _inflight(
         if label(pod, c.LABEL_RANK) == "0" and ip:
             out[str(pod["metadata"]["name"])] = rt.agents.inflight(ip)
     return out
-
-
-def _apply_pdbs(
-    rt: Runtime,
-    namespace: str,
-    wanted: Sequence[dict[str, Any]],
-    observed: Sequence[Mapping[str, Any]],
-) -> None:
-    """The groups' disruption budgets, level-triggered against the watch: a missing one is
-    created (409: it was, the watch had not caught up), one whose size or selector differs
-    from the group's is patched (a person's edit, or a group size changed while the
-    operator was down), one no group wants is deleted. Each write is idempotent, so a
-    watch that lags a round only repeats a write."""
-    have = {
-        str((o.get("metadata") or {}).get("name")): o.get("spec") or {}
-        for o in observed
-        if not (o.get("metadata") or {}).get("deletionTimestamp")
-    }
-    for pdb in wanted:
-        name = pdb["metadata"]["name"]
-        spec = have.get(name)
-        if spec is None:
-            rt.kube.create(pdb)
-        elif any(spec.get(k) != pdb["spec"][k] for k in ("minAvailable", "selector")):
-            rt.kube.patch(pdb)
-    names = {p["metadata"]["name"] for p in wanted}
-    for name in sorted(set(have) - names):
-        rt.kube.delete("PodDisruptionBudget", namespace, name)
 
 
 def _captured(
@@ -853,66 +872,6 @@ def _rolling_group(
     if any(rec.step is not Step.HEALTHY for rec in records.values()):
         return None
     return min(candidates)
-
-
-def _apply_reconcile(rt: Runtime, namespace: str, plan: ReconcilePlan, events: EventSink) -> None:
-    for obj in plan.create:
-        rt.kube.create(obj)
-    for obj in plan.patch:
-        rt.kube.patch(obj)
-    if plan.delete_pods:
-        rt.kube.delete_pods(namespace, plan.delete_pods, grace_seconds=15)
-        events("Normal", "GroupsScaledDown", f"deleted {len(plan.delete_pods)} pods")
-    for name in plan.delete_services:
-        try:
-            rt.kube.core.delete_namespaced_service(name, namespace)
-        except Exception as err:
-            log.warning("delete service %s: %s", name, err)
-
-
-WATCHED_ROUTER_KINDS = ("Deployment", "Service")
-# How often, at most, a deployment's router registries are swept (one GET per replica).
-ROUTER_SWEEP_SECONDS = 5.0
-
-
-def _apply_router(
-    rt: Runtime,
-    pdd: PDDeployment,
-    namespace: str,
-    mem: Memory,
-    services: Sequence[Mapping[str, Any]],
-    deployments: Sequence[Mapping[str, Any]],
-) -> None:
-    """The router's objects follow `spec.router`: created when missing, patched when
-    they drifted or the spec changed, deleted when the router is disabled. The
-    Deployment and Service are watched (drift shows at once); the ServiceAccount, Role
-    and RoleBinding are applied when the router spec changed (or the operator started)."""
-    name = router_name(pdd)
-    desired = build_router(pdd) if pdd.spec.router.enabled else []
-
-    def live(objects: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-        found = next((o for o in objects if o["metadata"]["name"] == name), None)
-        return dict(found) if found is not None else None
-
-    observed = {("Deployment", name): live(deployments), ("Service", name): live(services)}
-    plan = plan_router(desired, observed)
-    digest = spec_hash(desired) if desired else "disabled"
-    if mem.router != digest:
-        for obj in desired:
-            if obj["kind"] not in WATCHED_ROUTER_KINDS:
-                rt.kube.apply(obj)
-        if not desired:
-            for kind in ROUTER_KINDS:
-                if kind not in WATCHED_ROUTER_KINDS:
-                    rt.kube.delete(kind, namespace, name)
-        mem.router = digest
-    for obj in plan.create:
-        if not rt.kube.create(obj):  # the cache had not seen it yet
-            rt.kube.patch(obj)
-    for obj in plan.patch:
-        rt.kube.patch(obj)
-    for kind, obj_name in plan.delete:
-        rt.kube.delete(kind, namespace, obj_name)
 
 
 def _update_targets(

@@ -1,4 +1,13 @@
-"""The action executor: carries out what the recovery planner decided, in order.
+"""The executor: every change a control round makes to the cluster goes through it.
+
+The recovery planner's actions, in order (`execute`: gates, requests ended, evidence,
+deletes, in-place restarts, new epochs, incident metrics, Events), and the objects the
+round keeps in line with the spec: the scale targets (`apply_scale_targets`,
+`apply_scale_status`), the pods and Services of the reconcile plan with the new epochs
+the planner asked for (`new_epochs`, `apply_reconcile`), the disruption budgets
+(`apply_pdbs`) and the router's objects and registries (`apply_router`,
+`sweep_routers`). The round's own memory (the records and history annotations, status)
+is written by `lockstep.control` as its last step.
 
 I/O only, no judgement: every action is one of `lockstep.recovery`'s frozen actions and
 every one is idempotent (see that module's contract). The executor works on the round's
@@ -22,7 +31,15 @@ from typing import Any
 
 from lockstep import constants as c
 from lockstep.agent_client import UNREACHABLE, AgentClient, report_from_text
-from lockstep.builders import agent_token_secret_name, build_agent_token_secret
+from lockstep.builders import (
+    ROUTER_KINDS,
+    agent_token_secret_name,
+    build_agent_token_secret,
+    build_router,
+    role_selector,
+    router_name,
+    spec_hash,
+)
 from lockstep.evidence import EvidenceEntry
 from lockstep.failover import (
     ORPHAN_GRACE_SECONDS,
@@ -34,6 +51,7 @@ from lockstep.failover import (
 from lockstep.kube import Kube
 from lockstep.metrics import Metrics
 from lockstep.models import PDDeployment
+from lockstep.reconcile import ReconcilePlan, plan_router
 from lockstep.recovery import (
     Action,
     CaptureEvidence,
@@ -44,8 +62,10 @@ from lockstep.recovery import (
     EndRequests,
     OpenIncident,
     RestartInPlace,
+    Role,
     SetGate,
 )
+from lockstep.rolescale import Resolution, build_role_scale, role_scale_name, status_patch
 from lockstep.router_workers import (
     admitted_urls,
     router_bases,
@@ -57,6 +77,8 @@ from lockstep.verdicts import AgentReport, divergence_cause
 
 log = logging.getLogger(__name__)
 
+# The router objects the operator watches (the others are applied when the spec changes).
+WATCHED_ROUTER_KINDS = ("Deployment", "Service")
 EventSink = Callable[[str, str, str], None]  # type (Normal|Warning), reason, message
 GroupId = tuple[str, int]
 # Pods whose in-place restart could not be asked, per (ns, name, role, group, epoch):
@@ -171,6 +193,140 @@ class Execution:
                 self.events(
                     "Warning" if action.warning else "Normal", str(action.reason), action.message
                 )
+
+    # -- the objects the round keeps in line (level-triggered against the watch)
+
+    def apply_scale_targets(self, resolutions: Mapping[Role, Resolution]) -> None:
+        """Create the missing scale targets; write a person's count into one (THE RULE's
+        step 2): before the status records it, so a crash in between repeats the same."""
+        kube, pdd = self.deps.kube, self.pdd
+        for role, res in resolutions.items():
+            if res.create:
+                obj = build_role_scale(
+                    pdd.metadata.name,
+                    self.namespace,
+                    pdd.metadata.uid,
+                    role,
+                    res.replicas,
+                    role_selector(pdd, role),
+                )
+                kube.create_role_scale(obj)
+            elif res.scale_spec_patch is not None:
+                kube.patch_role_scale(
+                    self.namespace,
+                    role_scale_name(pdd.metadata.name, role),
+                    res.scale_spec_patch,
+                    status=False,
+                )
+
+    def apply_scale_status(
+        self,
+        scales: Sequence[Mapping[str, Any]],
+        resolutions: Mapping[Role, Resolution],
+        status: Mapping[str, Any],
+    ) -> None:
+        """Each scale target's status: THE RULE's record, the groups the role has
+        (retiring ones not counted) and has ready, the serving pods' selector. Written only
+        when it differs from what the watch shows."""
+        name = self.pdd.metadata.name
+        for role, res in resolutions.items():
+            groups = (status.get(role) or {}).get("groups") or []
+            patch = status_patch(
+                res,
+                replicas=sum(1 for g in groups if g.get("state") != "Retiring"),
+                ready_groups=int((status.get(role) or {}).get("readyGroups", 0)),
+                selector=role_selector(self.pdd, role),
+            )
+            want = role_scale_name(name, role)
+            live = next((o for o in scales if (o.get("metadata") or {}).get("name") == want), None)
+            shown = (live or {}).get("status") or {}
+            if res.create or any(shown.get(k) != v for k, v in patch["status"].items()):
+                self.deps.kube.patch_role_scale(self.namespace, want, patch, status=True)
+
+    def new_epochs(self) -> None:
+        """Before the pods of new epochs are created: pods read their restart token from
+        the Secret, so it exists (made again if deleted, followed if replaced) first."""
+        if self.create_groups:
+            agent_token(self.deps, self.pdd, self.namespace, fresh=True)
+
+    def apply_reconcile(self, plan: ReconcilePlan) -> None:
+        """The reconcile plan's pods and group Services (`reconcile.plan_reconcile`)."""
+        kube = self.deps.kube
+        for obj in plan.create:
+            kube.create(obj)
+        for obj in plan.patch:
+            kube.patch(obj)
+        if plan.delete_pods:
+            kube.delete_pods(self.namespace, plan.delete_pods, grace_seconds=15)
+            self.events("Normal", "GroupsScaledDown", f"deleted {len(plan.delete_pods)} pods")
+        for name in plan.delete_services:
+            try:
+                kube.core.delete_namespaced_service(name, self.namespace)
+            except Exception as err:
+                log.warning("delete service %s: %s", name, err)
+
+    def apply_pdbs(
+        self, wanted: Sequence[dict[str, Any]], observed: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """The groups' disruption budgets, level-triggered against the watch: a missing
+        one is created (409: it was, the watch had not caught up), one whose size or
+        selector differs from the group's is patched (a person's edit, or a group size
+        changed while the operator was down), one no group wants is deleted. Each write
+        is idempotent, so a watch that lags a round only repeats a write."""
+        kube = self.deps.kube
+        have = {
+            str((o.get("metadata") or {}).get("name")): o.get("spec") or {}
+            for o in observed
+            if not (o.get("metadata") or {}).get("deletionTimestamp")
+        }
+        for pdb in wanted:
+            spec = have.get(pdb["metadata"]["name"])
+            if spec is None:
+                kube.create(pdb)
+            elif any(spec.get(k) != pdb["spec"][k] for k in ("minAvailable", "selector")):
+                kube.patch(pdb)
+        names = {p["metadata"]["name"] for p in wanted}
+        for name in sorted(set(have) - names):
+            kube.delete("PodDisruptionBudget", self.namespace, name)
+
+    def apply_router(
+        self,
+        applied: str | None,
+        services: Sequence[Mapping[str, Any]],
+        deployments: Sequence[Mapping[str, Any]],
+    ) -> str:
+        """The router's objects follow `spec.router`: created when missing, patched when
+        they drifted or the spec changed, deleted when the router is disabled. The
+        Deployment and Service are watched (drift shows at once); the ServiceAccount, Role
+        and RoleBinding are applied when the router spec changed from `applied` (the hash
+        last applied; None: since the operator started). Returns the hash now applied."""
+        kube, pdd = self.deps.kube, self.pdd
+        name = router_name(pdd)
+        desired = build_router(pdd) if pdd.spec.router.enabled else []
+
+        def live(objects: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+            found = next((o for o in objects if o["metadata"]["name"] == name), None)
+            return dict(found) if found is not None else None
+
+        observed = {("Deployment", name): live(deployments), ("Service", name): live(services)}
+        plan = plan_router(desired, observed)
+        digest = spec_hash(desired) if desired else "disabled"
+        if applied != digest:
+            for obj in desired:
+                if obj["kind"] not in WATCHED_ROUTER_KINDS:
+                    kube.apply(obj)
+            if not desired:
+                for kind in ROUTER_KINDS:
+                    if kind not in WATCHED_ROUTER_KINDS:
+                        kube.delete(kind, self.namespace, name)
+        for obj in plan.create:
+            if not kube.create(obj):  # the cache had not seen it yet
+                kube.patch(obj)
+        for obj in plan.patch:
+            kube.patch(obj)
+        for kind, obj_name in plan.delete:
+            kube.delete(kind, self.namespace, obj_name)
+        return digest
 
     # -- in place
 

@@ -37,7 +37,6 @@ class ReconcilePlan:
     patch: list[Obj] = field(default_factory=list)
     delete_pods: list[tuple[str, str]] = field(default_factory=list)  # name, uid
     delete_services: list[str] = field(default_factory=list)
-    stale_groups: list[GroupId] = field(default_factory=list)  # pod template changed
     waiting_groups: list[GroupId] = field(default_factory=list)  # old-epoch pods remain
     # Every PodDisruptionBudget that should exist (one per group and name slot in use).
     pdbs: list[Obj] = field(default_factory=list)
@@ -137,18 +136,6 @@ def plan_reconcile(
                 else:
                     names = {p["metadata"]["name"] for p in have}
                     plan.create.extend(p for p in want if p["metadata"]["name"] not in names)
-            # Stale: a pod of the current epoch whose template differs from the desired
-            # one of the same name (missing pods are the verdicts' business).
-            desired_hash = {
-                p["metadata"]["name"]: p["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
-                for p in want
-            }
-            if not old and any(
-                (p["metadata"].get("annotations") or {}).get(c.ANNOTATION_SPEC_HASH)
-                != desired_hash.get(p["metadata"]["name"])
-                for p in have
-            ):
-                plan.stale_groups.append(gid)
     # Groups beyond replicas (paused, or a scale-down not drained by recovery): the whole
     # group goes.
     for gid in retiring:
@@ -169,6 +156,44 @@ def plan_reconcile(
         ):
             plan.delete_services.append(name)
     return plan
+
+
+def stale_groups(
+    pdd: PDDeployment,
+    policy: PolicyResult,
+    pods: Sequence[Obj],
+    epochs: Mapping[GroupId, int],
+    slots: Mapping[GroupId, int] | None = None,
+    replicas: Mapping[str, int] | None = None,
+) -> list[GroupId]:
+    """The groups whose pod template changed (a spec change to roll out, one group at a
+    time, by recovery): a pod of the group's current epoch and slot whose spec hash
+    differs from the desired pod of the same name. Missing pods are the verdicts'
+    business, and a group with pods of another epoch is not judged until they are gone."""
+    observed = pods_by_group(pods)
+    out: list[GroupId] = []
+    for role_name in c.ROLES:
+        count = (replicas or {}).get(role_name, pdd.spec.role(role_name).replicas)
+        for group in range(count if not pdd.spec.paused else 0):
+            gid = (role_name, group)
+            epoch, slot = epochs.get(gid, 0), (slots or {}).get(gid, 0)
+            have = [p for p in observed.get(gid, []) if pod_slot(p) == slot]
+            if not have or any(label(p, c.LABEL_EPOCH) != str(epoch) for p in have):
+                continue
+            want = build_group_pods(
+                pdd, role_name, group, epoch, policy.roles[role_name], slot=slot
+            )
+            desired_hash = {
+                p["metadata"]["name"]: p["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
+                for p in want
+            }
+            if any(
+                (p["metadata"].get("annotations") or {}).get(c.ANNOTATION_SPEC_HASH)
+                != desired_hash.get(p["metadata"]["name"])
+                for p in have
+            ):
+                out.append(gid)
+    return out
 
 
 @dataclass

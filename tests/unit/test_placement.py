@@ -15,7 +15,7 @@ from lockstep.builders import build_all, build_group_pods
 from lockstep.crd import build_crd
 from lockstep.models import InvalidPDDeployment, PDDeployment, parse_pddeployment
 from lockstep.policy import evaluate
-from lockstep.reconcile import plan_reconcile
+from lockstep.reconcile import stale_groups
 
 RACK = "topology.kubernetes.io/rack"
 ZONE = "topology.kubernetes.io/zone"
@@ -199,13 +199,7 @@ def test_placement_leaves_the_template_hash_alone_across_epochs() -> None:
     for i, o in enumerate(objects):
         o["metadata"]["uid"] = f"u{i}"
     pods = [o for o in objects if o["kind"] == "Pod"]
-    services = [
-        o for o in objects if o["kind"] == "Service" and c.LABEL_GROUP in o["metadata"]["labels"]
-    ]
-    plan = plan_reconcile(
-        pdd, evaluate(pdd.spec), pods, services, {("decode", 0): 9, ("decode", 1): 2}, set()
-    )
-    assert plan.stale_groups == []
+    assert stale_groups(pdd, evaluate(pdd.spec), pods, {("decode", 0): 9, ("decode", 1): 2}) == []
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from lockstep import constants as c
 from lockstep.builders import build_all
 from lockstep.models import PDDeployment, parse_pddeployment
 from lockstep.policy import evaluate
-from lockstep.reconcile import plan_reconcile
+from lockstep.reconcile import plan_reconcile, stale_groups
 
 
 def deepseek() -> PDDeployment:
@@ -101,8 +101,8 @@ def test_changed_pod_template_marks_groups_stale_without_touching_them() -> None
         pdd_obj(decode={"tp": 1, "gpusPerPod": 1, "args": ["--trust-remote-code"]})
     )
     plan = plan_reconcile(changed, evaluate(changed.spec), pods, services, {}, set())
-    assert plan.stale_groups == [("decode", 0)]
-    assert plan.create == [] and plan.delete_pods == []
+    assert stale_groups(changed, evaluate(changed.spec), pods, {}) == [("decode", 0)]
+    assert plan.create == [] and plan.delete_pods == [] and plan.patch == []
 
 
 def test_paused_deployment_removes_groups() -> None:
@@ -115,12 +115,12 @@ def test_paused_deployment_removes_groups() -> None:
 
 def test_a_missing_pod_or_a_later_epoch_is_not_staleness() -> None:
     pdd = deepseek()
-    pods, services = split(observed(pdd, epochs={("decode", 0): 3}))
-    plan = plan_reconcile(pdd, evaluate(pdd.spec), pods, services, {("decode", 0): 3}, set())
-    assert plan.stale_groups == []
+    pods, _ = split(observed(pdd, epochs={("decode", 0): 3}))
+    assert stale_groups(pdd, evaluate(pdd.spec), pods, {("decode", 0): 3}) == []
     fewer = [p for p in pods if p["metadata"]["name"] != "deepseek-v3-decode-0-1"]
-    plan = plan_reconcile(pdd, evaluate(pdd.spec), fewer, services, {("decode", 0): 3}, set())
-    assert plan.stale_groups == []
+    assert stale_groups(pdd, evaluate(pdd.spec), fewer, {("decode", 0): 3}) == []
+    # The epoch the records say is what the pods are judged against: not a later one.
+    assert stale_groups(pdd, evaluate(pdd.spec), pods, {("decode", 0): 4}) == []
 
 
 def test_router_objects_follow_the_spec_drift_and_enabled() -> None:
