@@ -35,6 +35,7 @@ from typing import Any
 
 from lockstep import constants as c
 from lockstep.models import PDDeployment, RoleSpec
+from lockstep.objects import label
 from lockstep.policy import PolicyResult, RolePolicy, evaluate
 
 Obj = dict[str, Any]
@@ -57,8 +58,7 @@ def pod_name(pdd: PDDeployment, role: str, group: int, rank: int, slot: int = 0)
 
 def pod_slot(pod: Mapping[str, Any]) -> int:
     """The name slot of a pod (its label; pods without one are slot 0)."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return 1 if labels.get(c.LABEL_SLOT) == "1" else 0
+    return 1 if label(pod, c.LABEL_SLOT) == "1" else 0
 
 
 def dist_port(epoch: int) -> int:

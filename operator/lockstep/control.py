@@ -57,9 +57,10 @@ from lockstep.models import (
     parse_pddeployment,
     with_runtime_image,
 )
+from lockstep.objects import label
 from lockstep.policy import PolicyResult, evaluate, watchdog_seconds
 from lockstep.prober import ProbeBook, ProbeSample, ProbeTarget
-from lockstep.reconcile import label, plan_reconcile, pods_by_group, stale_groups
+from lockstep.reconcile import plan_reconcile, pods_by_group, stale_groups
 from lockstep.records import (
     ANNOTATION_INCIDENTS,
     ANNOTATION_RECORDS,

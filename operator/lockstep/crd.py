@@ -109,37 +109,58 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 
 def build_crd() -> dict[str, Any]:
     """The PDDeployment CRD as a Kubernetes object."""
-    spec_schema = structural_schema(PDDeploymentSpec)
-    status_schema = structural_schema(PDDeploymentStatus)
+    return _crd(
+        names=(c.PLURAL, c.SINGULAR, c.KIND, c.SHORT_NAME),
+        description="A model served by SGLang prefill and decode TP groups and a router, "
+        "kept in lockstep by the lockstep operator.",
+        spec=structural_schema(PDDeploymentSpec),
+        status=structural_schema(PDDeploymentStatus),
+        columns=PRINTER_COLUMNS,
+        subresources={"status": {}},
+    )
+
+
+def _crd(
+    *,
+    names: tuple[str, str, str, str],
+    description: str,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    columns: list[dict[str, Any]],
+    subresources: dict[str, Any],
+) -> dict[str, Any]:
+    """The skeleton every lockstep CRD shares: namespaced, one served and stored version
+    of the lockstep.dev group, `spec` required; `names` is (plural, singular, kind, short
+    name)."""
+    plural, singular, kind, short = names
     schema = {
         "type": "object",
-        "description": "A model served by SGLang prefill and decode TP groups and a router, "
-        "kept in lockstep by the lockstep operator.",
+        "description": description,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": spec_schema,
-            "status": status_schema,
+            "spec": spec,
+            "status": status,
         },
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": c.CRD_NAME,
+            "name": f"{plural}.{c.GROUP}",
             "labels": {c.APP_NAME: "lockstep", c.APP_MANAGED_BY: "lockstep"},
         },
         "spec": {
             "group": c.GROUP,
             "scope": "Namespaced",
             "names": {
-                "plural": c.PLURAL,
-                "singular": c.SINGULAR,
-                "kind": c.KIND,
-                "listKind": f"{c.KIND}List",
-                "shortNames": [c.SHORT_NAME],
+                "plural": plural,
+                "singular": singular,
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "shortNames": [short],
                 "categories": ["lockstep", "sglang"],
             },
             "versions": [
@@ -147,8 +168,8 @@ def build_crd() -> dict[str, Any]:
                     "name": c.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": schema},
                 }
             ],
@@ -187,57 +208,23 @@ ROLE_SCALE_PRINTER_COLUMNS: list[dict[str, Any]] = [
 
 def build_role_scale_crd() -> dict[str, Any]:
     """The PDRoleScale CRD: one scale target per role of a PDDeployment."""
-    schema = {
-        "type": "object",
-        "description": "The scale target of one role (prefill or decode) of a PDDeployment, "
+    return _crd(
+        names=(rolescale.PLURAL, rolescale.SINGULAR, rolescale.KIND, rolescale.SHORT_NAME),
+        description="The scale target of one role (prefill or decode) of a PDDeployment, "
         "for the HorizontalPodAutoscaler, KEDA and `kubectl scale`; created and owned by "
         "the lockstep operator.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            "spec": structural_schema(rolescale.PDRoleScaleSpec),
-            "status": structural_schema(rolescale.PDRoleScaleStatus),
-        },
-    }
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": rolescale.CRD_NAME,
-            "labels": {c.APP_NAME: "lockstep", c.APP_MANAGED_BY: "lockstep"},
-        },
-        "spec": {
-            "group": c.GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "plural": rolescale.PLURAL,
-                "singular": rolescale.SINGULAR,
-                "kind": rolescale.KIND,
-                "listKind": f"{rolescale.KIND}List",
-                "shortNames": [rolescale.SHORT_NAME],
-                "categories": ["lockstep", "sglang"],
+        spec=structural_schema(rolescale.PDRoleScaleSpec),
+        status=structural_schema(rolescale.PDRoleScaleStatus),
+        columns=ROLE_SCALE_PRINTER_COLUMNS,
+        subresources={
+            "status": {},
+            "scale": {
+                "specReplicasPath": ".spec.replicas",
+                "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.selector",
             },
-            "versions": [
-                {
-                    "name": c.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": ROLE_SCALE_PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": schema},
-                }
-            ],
         },
-    }
+    )
 
 
 def role_scale_crd_yaml() -> str:

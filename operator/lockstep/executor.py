@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lockstep import constants as c
+from lockstep import objects
 from lockstep.agent_client import UNREACHABLE, AgentClient, report_from_text
 from lockstep.builders import (
     ROUTER_KINDS,
@@ -418,11 +419,7 @@ class Execution:
             log.warning("router %s of %s: %s", verb, sorted(names), problem)
 
     def _router_pods(self) -> list[Mapping[str, Any]]:
-        return [
-            p
-            for p in self.pods
-            if ((p.get("metadata") or {}).get("labels") or {}).get(c.LABEL_COMPONENT) == "router"
-        ]
+        return [p for p in self.pods if objects.label(p, c.LABEL_COMPONENT) == "router"]
 
     def sweep_routers(self) -> list[tuple[str, str]]:
         """Level-triggered: remove from every router replica the workers of no admitted
@@ -454,12 +451,10 @@ class Execution:
         """(name, role, IP) of the serving leader pods (rank 0) with an address."""
         out = []
         for pod in self.pods:
-            meta = pod.get("metadata") or {}
-            labels = meta.get("labels") or {}
-            name = str(meta.get("name"))
+            name = str(objects.meta(pod).get("name"))
             ip = (pod.get("status") or {}).get("podIP")
-            role = labels.get(c.LABEL_ROLE)
-            if labels.get(c.LABEL_RANK) != "0" or role not in c.ROLES or not ip:
+            role = objects.label(pod, c.LABEL_ROLE)
+            if objects.label(pod, c.LABEL_RANK) != "0" or role not in c.ROLES or not ip:
                 continue
             if (names is not None and name not in names) or name in exclude:
                 continue

@@ -53,6 +53,7 @@ from rich.table import Table
 from urllib3.exceptions import HTTPError as TransportError
 
 from lockstep import constants as c
+from lockstep import objects
 from lockstep.agent_client import AgentDataError, captured_ranks, captured_stacks
 from lockstep.evidence import EVIDENCE_MARK, EvidenceEntry, configmap_name, from_data
 from lockstep.records import ANNOTATION_RESTART, load_records
@@ -108,13 +109,6 @@ def human_duration(seconds: float) -> str:
     return f"{d}d"
 
 
-def _rfc3339(ts: float, *, millis: bool = False) -> str:
-    text = datetime.fromtimestamp(ts, UTC).isoformat(
-        timespec="milliseconds" if millis else "seconds"
-    )
-    return text.replace("+00:00", "Z")
-
-
 def _seconds(value: Any) -> str:
     """A figure of seconds from status (`0.7s`, `3m12s`); `-` when absent."""
     if not isinstance(value, int | float):
@@ -146,15 +140,6 @@ def request_id(reason: str, now: float) -> str:
     return f"{slug or 'manual'}-{stamp}"
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    return _meta(obj).get("labels") or {}
-
-
 def _groups(status: Mapping[str, Any], role: str) -> list[Mapping[str, Any]]:
     return list((status.get(role) or {}).get("groups") or [])
 
@@ -163,7 +148,7 @@ def _group_pods(pods: Sequence[Mapping[str, Any]], role: str, group: int) -> lis
     return [
         dict(p)
         for p in pods
-        if _labels(p).get(c.LABEL_ROLE) == role and _labels(p).get(c.LABEL_GROUP) == str(group)
+        if objects.label(p, c.LABEL_ROLE) == role and objects.label(p, c.LABEL_GROUP) == str(group)
     ]
 
 
@@ -176,7 +161,7 @@ def _runtime(group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str
         recorded = recorded.get("image")
     if isinstance(recorded, str) and recorded:
         return recorded
-    current = [p for p in pods if _labels(p).get(c.LABEL_EPOCH) == str(group.get("epoch"))]
+    current = [p for p in pods if objects.label(p, c.LABEL_EPOCH) == str(group.get("epoch"))]
     images = set()
     for pod in current or pods:
         spec = pod.get("spec") or {}
@@ -197,7 +182,7 @@ def _runtime(group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str
 
 def status_view(pdd: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float) -> Obj:
     """What `status` shows, as a plain dict (`-o json`)."""
-    meta, status = _meta(pdd), pdd.get("status") or {}
+    meta, status = objects.meta(pdd), pdd.get("status") or {}
     groups = []
     for role in c.ROLES:
         for g in _groups(status, role):
@@ -354,7 +339,7 @@ def _event_time(event: Mapping[str, Any]) -> float | None:
         ts = parse_time(event.get(key))
         if ts is not None:
             return ts
-    return parse_time(_meta(event).get("creationTimestamp"))
+    return parse_time(objects.meta(event).get("creationTimestamp"))
 
 
 def incident_steps(incident: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> list[Obj]:
@@ -381,7 +366,7 @@ def incident_steps(incident: Mapping[str, Any], events: Sequence[Mapping[str, An
     found.sort(key=lambda x: x[0])
     return [
         {
-            "time": _rfc3339(ts, millis=True),
+            "time": objects.rfc3339(ts, "milliseconds"),
             "offsetSeconds": round(ts - found[0][0], 3),
             "type": event.get("type"),
             "reason": event.get("reason"),
@@ -408,7 +393,7 @@ def _outlier(
             if open_incident is not None and open_incident.id == incident.get("id")
             else []
         )
-    nodes = {_meta(p).get("name"): (p.get("spec") or {}).get("nodeName") for p in pods}
+    nodes = {objects.meta(p).get("name"): (p.get("spec") or {}).get("nodeName") for p in pods}
     return [{"pod": str(name), "node": nodes.get(str(name))} for name in named]
 
 
@@ -423,7 +408,7 @@ def incidents_view(
     now: float,
 ) -> Obj:
     """What `incidents` shows, as a plain dict (`-o json`), oldest incident first."""
-    meta, status = _meta(pdd), pdd.get("status") or {}
+    meta, status = objects.meta(pdd), pdd.get("status") or {}
     records = load_records(pdd)
     out = []
     for inc in status.get("incidents") or []:
@@ -434,7 +419,7 @@ def incidents_view(
         if rec is not None and rec.incident is not None and rec.incident.id == inc.get("id"):
             step = {
                 "step": rec.step.value,
-                "since": _rfc3339(rec.step_since),
+                "since": objects.rfc3339(rec.step_since),
                 "ageSeconds": round(now - rec.step_since, 1),
             }
         out.append(
@@ -617,7 +602,7 @@ def evidence_view(
 ) -> Obj:
     """What `evidence` shows, as a plain dict (`-o json`). PluginError listing the
     incidents there are when `incident_id` is none of them."""
-    meta, status = _meta(pdd), pdd.get("status") or {}
+    meta, status = objects.meta(pdd), pdd.get("status") or {}
     entries = from_data((configmap or {}).get("data"))
     incidents = {str(i.get("id")): i for i in status.get("incidents") or []}
     known = sorted(set(incidents) | set(entries))
@@ -738,7 +723,7 @@ def restart_annotation(pdd: Mapping[str, Any], target: str, reason: str, now: fl
     group of it, when its policy refuses restarts, or when another group's request is
     still waiting for the operator (replacing it would drop that restart)."""
     role, group = parse_group(target)
-    meta, spec, status = _meta(pdd), pdd.get("spec") or {}, pdd.get("status") or {}
+    meta, spec, status = objects.meta(pdd), pdd.get("spec") or {}, pdd.get("status") or {}
     name = meta.get("name")
     replicas = int((spec.get(role) or {}).get("replicas", 1))
     served = int((status.get(role) or {}).get("replicas", 0))
@@ -879,7 +864,9 @@ class Cluster:
             )
         except PluginError:
             return f"{text} (another namespace? -n NAMESPACE)"
-        names = ", ".join(sorted(str(_meta(i).get("name")) for i in found.get("items") or []))
+        names = ", ".join(
+            sorted(str(objects.meta(i).get("name")) for i in found.get("items") or [])
+        )
         there = f"PDDeployments there: {names}" if names else "it has no PDDeployments"
         return f"{text}; {there} (another namespace? -n NAMESPACE)"
 
@@ -1018,7 +1005,7 @@ def run(args: argparse.Namespace, cluster: Cluster, now: float, out: TextIO) -> 
         view = status_view(pdd, cluster.pods(args.name), now)
         text = format_status(view)
     elif args.command == "incidents":
-        uid = str(_meta(pdd).get("uid"))
+        uid = str(objects.meta(pdd).get("uid"))
         view = incidents_view(pdd, cluster.pods(args.name), cluster.events(uid), now)
         text = format_incidents(view, now)
     elif args.command == "evidence":
@@ -1027,7 +1014,7 @@ def run(args: argparse.Namespace, cluster: Cluster, now: float, out: TextIO) -> 
     elif args.command == "restart":
         for _ in range(3):  # the operator writes annotations too: read, check, write again
             value = restart_annotation(pdd, args.group, args.reason, now)
-            version = str(_meta(pdd).get("resourceVersion"))
+            version = str(objects.meta(pdd).get("resourceVersion"))
             if cluster.annotate(args.name, ANNOTATION_RESTART, value, version):
                 break
             pdd = cluster.pdd(args.name)

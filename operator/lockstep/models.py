@@ -49,7 +49,10 @@ SGLANG_VERSION_PATTERN = r"^\d+\.\d+\.\d+$"
 KUEUE_QUEUE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
-class _Model(BaseModel):
+class CRDModel(BaseModel):
+    """The base of every lockstep custom resource's schema model (PDDeployment,
+    PDRoleScale): camelCase on the wire, unknown fields refused, immutable."""
+
     model_config = ConfigDict(
         alias_generator=to_camel,
         validate_by_name=True,
@@ -68,7 +71,7 @@ def _obj_default() -> dict[str, Any]:
 # ---------------------------------------------------------------------------- spec
 
 
-class WeightsVolume(_Model):
+class WeightsVolume(CRDModel):
     """Where the model weights come from, mounted read-only into every SGLang pod."""
 
     persistent_volume_claim: str | None = Field(
@@ -80,7 +83,7 @@ class WeightsVolume(_Model):
     mount_path: str = Field("/models", description="Where the weights appear inside the container.")
 
 
-class ModelSpec(_Model):
+class ModelSpec(CRDModel):
     """The model served by every prefill and decode group."""
 
     path: str = Field(
@@ -92,7 +95,7 @@ class ModelSpec(_Model):
     weights: WeightsVolume | None = Field(None, description="The volume with the weights.")
 
 
-class TransferSpec(_Model):
+class TransferSpec(CRDModel):
     """KV-cache transfer between prefill and decode."""
 
     backend: Literal["mooncake", "nixl"] = Field(
@@ -104,7 +107,7 @@ class TransferSpec(_Model):
     )
 
 
-class EnvVar(_Model):
+class EnvVar(CRDModel):
     """An environment variable for the SGLang container."""
 
     name: str = Field(min_length=1, description="Variable name.")
@@ -116,14 +119,14 @@ class EnvVar(_Model):
     )
 
 
-class Resources(_Model):
+class Resources(CRDModel):
     """Extra container resources; the operator adds `nvidia.com/gpu: gpusPerPod`."""
 
     requests: dict[str, Quantity] = Field(default_factory=dict, description="Requests.")
     limits: dict[str, Quantity] = Field(default_factory=dict, description="Limits.")
 
 
-class Toleration(_Model):
+class Toleration(CRDModel):
     """A Kubernetes toleration."""
 
     key: str | None = Field(None, description="Taint key.")
@@ -144,7 +147,7 @@ NODE_AFFINITY_FIELDS = frozenset(
 )
 
 
-class SpreadSpec(_Model):
+class SpreadSpec(CRDModel):
     """How a role's groups spread over the domains of one node label."""
 
     topology_key: str = Field(
@@ -167,7 +170,7 @@ class SpreadSpec(_Model):
     )
 
 
-class KueueGang(_Model):
+class KueueGang(CRDModel):
     """A Kueue plain-pod group per group and epoch."""
 
     queue_name: str = Field(
@@ -179,7 +182,7 @@ class KueueGang(_Model):
     )
 
 
-class GangSpec(_Model):
+class GangSpec(CRDModel):
     """All-or-nothing admission of one group's pods."""
 
     kueue: KueueGang | None = Field(
@@ -192,7 +195,7 @@ class GangSpec(_Model):
     )
 
 
-class PlacementSpec(_Model):
+class PlacementSpec(CRDModel):
     """Where a role's pods may run: a group whole inside one topology domain, groups
     spread over domains, node affinity, and gang admission."""
 
@@ -258,7 +261,7 @@ class PlacementSpec(_Model):
     )
 
 
-class RoleSpec(_Model):
+class RoleSpec(CRDModel):
     """One role (prefill or decode): `replicas` TP groups of `podsPerGroup` pods each."""
 
     model_config = ConfigDict(
@@ -313,7 +316,7 @@ class RoleSpec(_Model):
     )
 
 
-class RouterSpec(_Model):
+class RouterSpec(CRDModel):
     """The sglang-router in PD mode in front of the groups."""
 
     enabled: bool = Field(True, description="Deploy the router.")
@@ -327,7 +330,7 @@ class RouterSpec(_Model):
     args: list[str] = Field(default_factory=list, description="Extra router flags.")
 
 
-class SafetySpec(_Model):
+class SafetySpec(CRDModel):
     """The SGLang flag policy: how unsafe flags are handled."""
 
     mode: Literal["Enforce", "Reject", "Warn"] = Field(
@@ -357,7 +360,7 @@ class SafetySpec(_Model):
     )
 
 
-class StepBoundsSpec(_Model):
+class StepBoundsSpec(CRDModel):
     """How long a model step may run before a group that shows no progress is Hung.
 
     A hang inside a step cannot be told from a legitimate step until the step has run
@@ -388,7 +391,7 @@ class StepBoundsSpec(_Model):
     )
 
 
-class HealthSpec(_Model):
+class HealthSpec(CRDModel):
     """The deep probe: a no-op collective across every rank of a group."""
 
     period_seconds: int = Field(5, ge=1, le=3600, description="Probe period.")
@@ -405,7 +408,7 @@ class HealthSpec(_Model):
     )
 
 
-class BackoffSpec(_Model):
+class BackoffSpec(CRDModel):
     """Exponential backoff between restarts of one group."""
 
     base_seconds: int = Field(30, ge=0, le=86400, description="First delay.")
@@ -415,14 +418,14 @@ class BackoffSpec(_Model):
     )
 
 
-class BudgetSpec(_Model):
+class BudgetSpec(CRDModel):
     """Restart budget: past it a group is Quarantined (no restart storm)."""
 
     restarts: int = Field(3, ge=1, le=1000, description="Restarts allowed per window.")
     window_seconds: int = Field(3600, ge=60, le=604800, description="The window.")
 
 
-class DiagnosticsSpec(_Model):
+class DiagnosticsSpec(CRDModel):
     """Evidence captured before a restart."""
 
     capture_stacks: bool = Field(True, description="Capture py-spy stacks of every rank.")
@@ -432,7 +435,7 @@ class DiagnosticsSpec(_Model):
     )
 
 
-class InPlaceSpec(_Model):
+class InPlaceSpec(CRDModel):
     """In-place restarts: when to give up on one and recreate the group's pods instead."""
 
     restart_timeout_seconds: int = Field(
@@ -451,7 +454,7 @@ class InPlaceSpec(_Model):
     )
 
 
-class RecoverySpec(_Model):
+class RecoverySpec(CRDModel):
     """What the operator does with a broken group."""
 
     policy: Literal["RestartGroup", "ObserveOnly"] = Field(
@@ -491,7 +494,7 @@ class RecoverySpec(_Model):
     )
 
 
-class MaintenanceSpec(_Model):
+class MaintenanceSpec(CRDModel):
     """Planned node maintenance (a cordon, `kubectl drain`, a NoSchedule/NoExecute taint)."""
 
     mode: Literal["MakeBeforeBreak", "DrainFirst", "Off"] = Field(
@@ -516,7 +519,7 @@ class MaintenanceSpec(_Model):
     )
 
 
-class RuntimeSpec(_Model):
+class RuntimeSpec(CRDModel):
     """How lockstep's runtime gets into the SGLang pods."""
 
     inject: bool = Field(
@@ -540,7 +543,7 @@ class RuntimeSpec(_Model):
     )
 
 
-class PDDeploymentSpec(_Model):
+class PDDeploymentSpec(CRDModel):
     """A model served by prefill groups, decode groups and a router."""
 
     model: ModelSpec = Field(description="The model.")
@@ -625,7 +628,7 @@ GroupState = Literal[
 ]
 
 
-class ProbeResult(_Model):
+class ProbeResult(CRDModel):
     """The last deep probe of a group."""
 
     ok: bool = Field(description="The collective passed on every rank.")
@@ -634,7 +637,7 @@ class ProbeResult(_Model):
     error: str | None = Field(None, description="Why it failed.")
 
 
-class GroupStatus(_Model):
+class GroupStatus(CRDModel):
     """One TP group."""
 
     index: int = Field(ge=0, description="Group number within the role.")
@@ -649,7 +652,7 @@ class GroupStatus(_Model):
     message: str | None = Field(None, description="Human-readable detail.")
 
 
-class RoleStatus(_Model):
+class RoleStatus(CRDModel):
     """One role's groups."""
 
     replicas: int = Field(0, ge=0, description="Desired groups.")
@@ -671,7 +674,7 @@ class RoleStatus(_Model):
     )
 
 
-class Incident(_Model):
+class Incident(CRDModel):
     """One broken group: what was seen, what was done, how long it took."""
 
     id: str = Field(description="Incident id.")
@@ -695,7 +698,7 @@ class Incident(_Model):
     evidence: str = Field("", max_length=262144, description="Evidence summary (bounded).")
 
 
-class Condition(_Model):
+class Condition(CRDModel):
     """A standard Kubernetes condition."""
 
     type: str = Field(description="Ready, Progressing, Degraded, Schedulable or FlagsAdjusted.")
@@ -706,7 +709,7 @@ class Condition(_Model):
     observed_generation: int | None = Field(None, description="Spec generation seen.")
 
 
-class PolicyFinding(_Model):
+class PolicyFinding(CRDModel):
     """A finding of the flag policy, as kept in status."""
 
     rule: str = Field(description="Rule id.")
@@ -717,14 +720,14 @@ class PolicyFinding(_Model):
     action: Literal["adjusted", "rejected", "reported"] = Field(description="What was done.")
 
 
-class OperatorStatus(_Model):
+class OperatorStatus(CRDModel):
     """Which operator replica acts (with leader election: the Lease's holder)."""
 
     leader: str = Field(description="The operator replica (pod) that acts on this deployment.")
     since: str | None = Field(None, description="When it became the leader (RFC 3339).")
 
 
-class PDDeploymentStatus(_Model):
+class PDDeploymentStatus(CRDModel):
     """Observed state, written by the operator."""
 
     observed_generation: int | None = Field(None, description="Last spec generation seen.")
@@ -758,7 +761,7 @@ class ObjectMeta(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
-class PDDeployment(_Model):
+class PDDeployment(CRDModel):
     """A PDDeployment object as stored by the API server."""
 
     api_version: str = Field(alias="apiVersion")

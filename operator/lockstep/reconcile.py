@@ -23,6 +23,7 @@ from lockstep.builders import (
     pod_slot,
 )
 from lockstep.models import PDDeployment
+from lockstep.objects import label
 from lockstep.policy import PolicyResult
 
 Obj = dict[str, Any]
@@ -40,12 +41,6 @@ class ReconcilePlan:
     waiting_groups: list[GroupId] = field(default_factory=list)  # old-epoch pods remain
     # Every PodDisruptionBudget that should exist (one per group and name slot in use).
     pdbs: list[Obj] = field(default_factory=list)
-
-
-def label(obj: Mapping[str, Any], key: str) -> str | None:
-    """A label of an object dict, or None."""
-    labels: Mapping[str, str] = obj.get("metadata", {}).get("labels") or {}
-    return labels.get(key)
 
 
 def group_of(obj: Mapping[str, Any]) -> GroupId | None:

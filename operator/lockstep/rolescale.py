@@ -49,11 +49,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from annotated_types import Le
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
 from lockstep import constants as c
-from lockstep.models import RoleSpec
+from lockstep.models import CRDModel, RoleSpec
 
 KIND = "PDRoleScale"
 PLURAL = "pdrolescales"
@@ -78,18 +77,7 @@ SOURCE_DEPLOYMENT: Source = "PDDeployment"
 SOURCE_SCALE: Source = "Scale"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="forbid",
-        frozen=True,
-    )
-
-
-class PDRoleScaleSpec(_Model):
+class PDRoleScaleSpec(CRDModel):
     """What the autoscaler (or `kubectl scale`) wants."""
 
     replicas: int = Field(
@@ -99,7 +87,7 @@ class PDRoleScaleSpec(_Model):
     )
 
 
-class PDRoleScaleStatus(_Model):
+class PDRoleScaleStatus(CRDModel):
     """What the operator observed and last reconciled from."""
 
     replicas: int = Field(0, ge=0, description="TP groups of the role that exist.")

@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 
 from lockstep import constants as c
+from lockstep import objects
 
 BOOTSTRAP_PORT_ANNOTATION = "sglang.ai/bootstrap-port"
 ROUTER_COMPONENT = "router"
@@ -75,13 +76,11 @@ def serving_workers(pods: Iterable[Mapping[str, Any]]) -> list[RouterWorker]:
     """The router workers among `pods`: rank-0 pods with an address (only they serve HTTP)."""
     out = []
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
         ip = (pod.get("status") or {}).get("podIP")
-        role = labels.get(c.LABEL_ROLE)
-        if labels.get(c.LABEL_RANK) != "0" or not ip or role not in c.ROLES:
+        role = objects.label(pod, c.LABEL_ROLE)
+        if objects.label(pod, c.LABEL_RANK) != "0" or not ip or role not in c.ROLES:
             continue
-        port = (meta.get("annotations") or {}).get(BOOTSTRAP_PORT_ANNOTATION)
+        port = (objects.meta(pod).get("annotations") or {}).get(BOOTSTRAP_PORT_ANNOTATION)
         bootstrap = int(port) if role == "prefill" and port and str(port).isdigit() else None
         out.append(RouterWorker(f"http://{ip}:{c.PORT_HTTP}", str(role), bootstrap))
     return out

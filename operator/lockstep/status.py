@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from lockstep import constants as c
@@ -31,6 +30,7 @@ from lockstep.models import (
     ProbeResult,
     RoleStatus,
 )
+from lockstep.objects import label, rfc3339
 from lockstep.policy import PolicyResult
 from lockstep.recovery import GroupRecord, Step, status_state
 from lockstep.rolescale import role_scale_name
@@ -48,11 +48,6 @@ class LastProbe:
     at: float
     latency_s: float | None = None
     error: str | None = None
-
-
-def rfc3339(ts: float) -> str:
-    """A UNIX time as RFC 3339 (UTC)."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(
@@ -91,11 +86,6 @@ def _findings(policy: PolicyResult) -> list[PolicyFinding]:
         for f in policy.findings
         if f.severity != "info"
     ]
-
-
-def _label(obj: Mapping[str, Any], key: str) -> str | None:
-    labels: Mapping[str, str] = (obj.get("metadata") or {}).get("labels") or {}
-    return labels.get(key)
 
 
 def incident_view(
@@ -141,7 +131,7 @@ def derive_status(
             current = [
                 p
                 for p in pods.get((role, rec.index), [])
-                if _label(p, c.LABEL_EPOCH) == str(rec.epoch)
+                if label(p, c.LABEL_EPOCH) == str(rec.epoch)
             ]
             last = probes.get((role, rec.index))
             groups.append(

@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from lockstep import constants as c
+from lockstep.objects import labels, meta
 
 # Evidence is kept in status and Events: bound every list and every string in it.
 MAX_EVIDENCE_ITEMS = 16
@@ -296,9 +297,8 @@ def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
     Restart counts are summed over every container (an init or sidecar restart breaks the
     rendezvous just the same); "running" means every regular container is running.
     """
-    meta = pod.get("metadata") or {}
+    m, pod_labels = meta(pod), labels(pod)
     status = pod.get("status") or {}
-    labels = meta.get("labels") or {}
     conditions = {
         cond.get("type"): cond
         for cond in status.get("conditions") or []
@@ -309,12 +309,12 @@ def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
     disruption = conditions.get("DisruptionTarget", {})
     gate = conditions.get(c.READINESS_GATE)
     return PodView(
-        name=str(meta.get("name", "")),
-        uid=str(meta.get("uid", "")),
-        epoch=_label_int(labels, c.LABEL_EPOCH),
-        rank=_label_int(labels, c.LABEL_RANK),
+        name=str(m.get("name", "")),
+        uid=str(m.get("uid", "")),
+        epoch=_label_int(pod_labels, c.LABEL_EPOCH),
+        rank=_label_int(pod_labels, c.LABEL_RANK),
         phase=phase,
-        deleting=meta.get("deletionTimestamp") is not None,
+        deleting=m.get("deletionTimestamp") is not None,
         # Kubelet eviction leaves reason Evicted; API-initiated eviction and preemption
         # set the DisruptionTarget condition before the pod goes.
         evicted=status.get("reason") == "Evicted" or disruption.get("status") == "True",

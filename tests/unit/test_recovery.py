@@ -22,6 +22,7 @@ from lockstep.models import (
     RecoverySpec,
     parse_pddeployment,
 )
+from lockstep.objects import rfc3339
 from lockstep.recovery import (
     DELETE_GRACE_SECONDS,
     FORCE_DELETE_AFTER_SECONDS,
@@ -52,7 +53,6 @@ from lockstep.recovery import (
     plan_group,
     plan_role,
     reconciler_may_create_pods,
-    rfc3339,
     status_state,
 )
 from lockstep.verdicts import (
@@ -381,9 +381,9 @@ def test_closed_incident_has_time_to_detect_and_time_to_recover() -> None:
     assert incident.epoch == 0
     assert incident.time_to_detect_seconds == t_verdict - t_first == 10
     assert incident.time_to_recover_seconds == t_readmit - t_verdict
-    assert incident.first_failure_time == rfc3339(t_first)
-    assert incident.detected_time == rfc3339(t_verdict)
-    assert incident.recovered_time == rfc3339(t_readmit)
+    assert incident.first_failure_time == rfc3339(t_first, "microseconds")
+    assert incident.detected_time == rfc3339(t_verdict, "microseconds")
+    assert incident.recovered_time == rfc3339(t_readmit, "microseconds")
     assert "restarted the whole group (Recreate, 1 attempt(s))" in incident.action
     assert "test says hung" in incident.evidence
     assert "same-collective" in incident.evidence

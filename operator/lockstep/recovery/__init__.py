@@ -89,7 +89,6 @@ from lockstep.recovery.actions import (
 )
 from lockstep.recovery.budget import backoff_until, restarts_in_window
 from lockstep.recovery.dispatch import STEP_TABLE, plan_group, plan_role
-from lockstep.recovery.incidents import rfc3339
 from lockstep.recovery.inputs import (
     CapturedEvidence,
     GroupInput,
@@ -179,6 +178,5 @@ __all__ = [
     "reconciler_may_create_pods",
     "restarts_in_window",
     "retired",
-    "rfc3339",
     "status_state",
 ]  # fmt: skip

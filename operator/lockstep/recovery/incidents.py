@@ -3,9 +3,8 @@ current, closed with its figures), as recovery reports it to status."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from lockstep.models import Incident
+from lockstep.objects import rfc3339
 from lockstep.recovery.actions import CloseIncident, OpenIncident, UpdateIncident
 from lockstep.recovery.core import Round
 from lockstep.recovery.record import IncidentRecord
@@ -72,20 +71,15 @@ def incident_model(r: Round, inc: IncidentRecord, recovered_at: float | None = N
         action=inc.action,
         restart_mode=r.rec.restart.mode if inc.attempts else None,
         escalation=inc.escalation or None,
-        first_failure_time=rfc3339(inc.first_failure_at),
-        detected_time=rfc3339(inc.detected_at),
-        recovered_time=None if recovered_at is None else rfc3339(recovered_at),
+        first_failure_time=rfc3339(inc.first_failure_at, "microseconds"),
+        detected_time=rfc3339(inc.detected_at, "microseconds"),
+        recovered_time=None if recovered_at is None else rfc3339(recovered_at, "microseconds"),
         time_to_detect_seconds=round(inc.detected_at - inc.first_failure_at, 3),
         time_to_recover_seconds=(
             None if recovered_at is None else round(recovered_at - inc.detected_at, 3)
         ),
         evidence=inc.evidence,
     )
-
-
-def rfc3339(t: float) -> str:
-    """A unix time as RFC 3339 UTC, the form Kubernetes status uses."""
-    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def evidence_text(v: GroupVerdict) -> str:
