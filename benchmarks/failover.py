@@ -21,7 +21,8 @@ group each time) and a deleted pod. Per incident:
 Usage: python benchmarks/failover.py --engine standin|sglang [--incidents desync,hang,...]
 (about 2 minutes on the stand-in, 10 on the real engine, on 2 cores). The same script
 measured lockstep before its failover existed: run from a checkout of that commit with
-this file and lockstep/dev/{drills,traffic}.py copied in (see the README).
+this file and its drills and traffic modules (then operator/lockstep/dev/) copied in
+(see the README).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The house rules of DESIGN.md: who may import what.
+"""The house rules (docs/architecture.md, "Layers"): who may import what.
 
 The rules themselves are import-linter contracts in pyproject.toml ([tool.importlinter]);
 this runs them, and checks what a static import graph cannot see: what importing the

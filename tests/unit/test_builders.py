@@ -1,4 +1,4 @@
-"""Manifest builders: pods, headless Services and the router, as DESIGN.md lays out."""
+"""Manifest builders: pods, headless Services and the router, as docs/architecture.md lays out (the path of an apply)."""
 
 from __future__ import annotations
 
