@@ -280,9 +280,14 @@ def test_ha_replicas_need_no_more_than_the_chart_grants(tmp_path: Path) -> None:
             leader = holder()
             time.sleep(4)  # renewals
             assert holder() == leader
+            # Read while both run: a leader stopped first hands the Lease over on its way
+            # out (it releases it), and the standby then rightly leads during shutdown.
+            standby = logs[names.index(str(leader)) - 1].read_text()
         finally:
-            for proc in replicas:
-                stop_operator(proc)
+            # The standby first, for the same reason.
+            current = holder()
+            for i in sorted(range(len(replicas)), key=lambda i: names[i] == current):
+                stop_operator(replicas[i])
             for i, log in enumerate(logs):
                 text = log.read_text(errors="replace")
                 print(f"--- replica {i}", *text.splitlines()[-15:], sep="\n")
@@ -290,7 +295,6 @@ def test_ha_replicas_need_no_more_than_the_chart_grants(tmp_path: Path) -> None:
         events = by_user(parse_audit_log(cp.audit_log.read_text().splitlines()), USER)
 
     assert leader in names and len(served) == 1
-    standby = logs[names.index(leader) - 1].read_text()
     assert "stands by" in standby and "leads" not in standby.split("stands by")[-1]
     granted = granted_permissions(objs, USER)
     assert_nothing_refused(events)
