@@ -955,7 +955,7 @@ def test_the_wheel_ships_no_dev_wing_and_no_stand_in(tmp_path: Path) -> None:
         (src / part).parent.mkdir(parents=True, exist_ok=True)
         copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
         copy(REPO / part, src / part)
-    assert (src / "operator/dev/lockstep_dev/drills.py").exists()
+    assert (src / "operator/dev/lockstep_dev/drills/__init__.py").exists()
     res = subprocess.run(
         [
             sys.executable,

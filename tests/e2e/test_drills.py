@@ -60,7 +60,7 @@ def test_flapping_group_is_quarantined_after_its_budget() -> None:
 @pytest.mark.timeout(420)
 def test_operator_killed_mid_recovery_finishes_without_doubling() -> None:
     # The operator is the chart's Deployment: the kubelet restarts its killed container,
-    # nothing in the drill starts it (Drill._operator_crash checks the same pod, +1).
+    # nothing in the drill starts it (drills/scenarios/operator_crash.py checks the same pod, +1).
     r = drill("operator-crash")
     assert r.restarts["decode/0"] == 1
     assert any("operator back by itself" in note for note in r.notes), r.notes

@@ -115,8 +115,8 @@ def as_the_chart_service_account(cp: LocalControlPlane) -> Path:
 class LeastPrivilegeDrill(Drill):
     """The desync drill, then a scale-down and the router on the same cluster."""
 
-    def _desync(self) -> None:
-        super()._desync()
+    def act(self) -> None:
+        super().act()
         if not self.result.passed:
             return
         custom = self.cluster.custom()

@@ -30,10 +30,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from lockstep_dev.cluster import ChartOperator, restart_count
+from lockstep_dev.drills.scenario import Scenario
 from lockstep_dev.localcluster.audit import parse_audit_log
 
 if TYPE_CHECKING:
-    from lockstep_dev.drills import Drill
+    from lockstep_dev.drills.harness import Drill
 
 HA_VALUES = {"ha": {"enabled": True, "replicas": 2}}
 STOPPED_S = 30.0
@@ -153,7 +154,7 @@ def run_ha(drill: Drill) -> None:
     seen = drill.incident_count("decode/0")
     drill.inject("desync")
     inc = drill.wait(lambda: drill.incident("decode/0", after=seen), drill.timeout_s, "recovered")
-    drill._judge_incident(inc)
+    drill.judge_incident(inc)
     figures["steady_after_s"] = round(time.time() - both_up, 1)
     checks += [
         (inc.get("verdict") == "Desynced", f"verdict {inc.get('verdict')}"),
@@ -166,7 +167,7 @@ def run_ha(drill: Drill) -> None:
             f"status names the leader: {drill.status().get('operator')}",
         ),
     ]
-    drill._conclude(checks)
+    drill.conclude(checks)
 
 
 def _renewed_after(operator: ChartOperator, t: float) -> bool:
@@ -214,3 +215,7 @@ def _writes_by(drill: Drill, pod: str, *, since: float, until: float | None = No
         and (until is None or e.received_at < until)
         and 200 <= e.code < 300
     ]
+
+
+# Two operator replicas electing a leader; the audit log says who wrote what.
+SCENARIO = Scenario("ha", run_ha, cluster_options={"chart_values": HA_VALUES, "audit_log": True})

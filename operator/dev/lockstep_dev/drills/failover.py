@@ -1,0 +1,173 @@
+"""Requests caught by an incident, through the router: the long streams an incident
+cuts, what each serving group holds (SGLang's `GET /v1/loads`), and the checks of what
+the users of the served model saw (every request caught ended 200, none waited long past
+the verdict, the cut stream ended with a visible error, the groups that stayed hold
+nothing of it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from lockstep import constants as c
+from lockstep_dev.drills.deployment import AFFECTED, NAME, NAMESPACE
+from lockstep_dev.drills.figures import ts
+from lockstep_dev.faults import agent_token, group_pods
+from lockstep_dev.traffic import CLIENT_TIMEOUT_S, ROUTER, Stream, router_endpoint
+
+if TYPE_CHECKING:
+    from lockstep_dev.drills.harness import Drill
+
+# How long a request caught by an incident may wait past the verdict before it is served
+# again through the router (the issue's bound; 3 s of it is the router's retry backoff).
+PAST_VERDICT_BOUND_S = {"standin": 5.0, "sglang": 15.0}
+# The long stream each incident of the sequence catches on decode/0 (tokens: long enough
+# to be under way when the fault lands, on each engine's speed here).
+STREAM_TOKENS = {"standin": 4000, "sglang": 1500}
+
+
+def leader_urls(drill: Drill) -> dict[str, str]:
+    """`{"decode/0": "http://IP:30000"}` for every rank-0 pod with an address."""
+    out: dict[str, str] = {}
+    for pod in drill.cluster.pods(NAMESPACE, f"{drill.selector},{c.LABEL_RANK}=0"):
+        labels = pod["metadata"].get("labels") or {}
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and not pod["metadata"].get("deletionTimestamp"):
+            key = f"{labels.get(c.LABEL_ROLE)}/{labels.get(c.LABEL_GROUP)}"
+            out[key] = f"http://{ip}:{c.PORT_HTTP}"
+    return out
+
+
+def loads(drill: Drill) -> dict[str, dict[str, int]]:
+    """What each serving group's leader holds now (SGLang's `GET /v1/loads`)."""
+    out: dict[str, dict[str, int]] = {}
+    for key, url in sorted(leader_urls(drill).items()):
+        try:
+            load = httpx.get(f"{url}/v1/loads", timeout=10, trust_env=False).json()
+            first = load["loads"][0]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError):
+            continue
+        out[key] = {
+            "requests": int(first.get("num_running_reqs", 0))
+            + int(first.get("num_waiting_reqs", 0)),
+            "used_tokens": int(first.get("num_used_tokens", 0)),
+        }
+    return out
+
+
+def held_streams(drill: Drill, key: str) -> int | None:
+    """Streams the group's leader holds (its runtime's `GET /lockstep/requests`; None
+    from a runtime without the route, as lockstep's before it had one)."""
+    url = leader_urls(drill).get(key)
+    if url is None:
+        return 0
+    role, index = key.split("/")
+    pods = group_pods(drill.cluster.core(), NAMESPACE, NAME, role, int(index))
+    token = agent_token(drill.cluster.core(), pods[0]) if pods else ""
+    try:
+        resp = httpx.get(
+            f"{url}/lockstep/requests",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5,
+            trust_env=False,
+        )
+        if resp.status_code == 404:
+            return None
+        held = resp.json()["requests"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return 0
+    return sum(1 for r in held if r.get("stream"))
+
+
+def streams_on(drill: Drill, key: str, tries: int = 8) -> list[Stream]:
+    """Long streams through the router until one is under way on `key` (the router
+    picks the decode); every one started is judged (those elsewhere must complete)."""
+    url = router_endpoint(drill.cluster.pods(NAMESPACE, drill.selector)).get(ROUTER)
+    if url is None:
+        return []
+    started: list[Stream] = []
+    for i in range(tries):
+        s = Stream(url, f"drill stream {i} {time.time():.3f}", STREAM_TOKENS[drill.engine])
+        started.append(s.start())
+        s.started.wait(60)
+        held = held_streams(drill, key)
+        if held is None and i >= 1:
+            drill.note(f"{key} cannot list its requests: {i + 1} streams started, unsorted")
+            return started
+        if held:
+            drill.note(f"a long stream is under way on {key} ({i + 1} started)")
+            return started
+    drill.note(f"no stream of {tries} landed on {key}")
+    return started
+
+
+def failover_checks(
+    drill: Drill, inc: Mapping[str, Any], streams: Sequence[Stream]
+) -> list[tuple[bool, str]]:
+    """What the users of the served model saw of the incident: every request caught
+    by it ended 200, none waited long past the verdict, the stream it cut ended with
+    a visible error, and the groups that stayed hold nothing of it afterwards."""
+    assert drill.traffic is not None
+    r = drill.result
+    verdict_at = ts(inc.get("detectedTime")) or time.time()
+    injected = r.injected_at or verdict_at
+    drained = drill.drained_at or verdict_at
+    # Every request in flight ends (the client waits up to CLIENT_TIMEOUT_S).
+    settled = drill.traffic.quiesce(CLIENT_TIMEOUT_S + 10)
+    for s in streams:
+        s.join(CLIENT_TIMEOUT_S + 10)
+    caught = [o for o in drill.traffic.outcomes_between(0.0, drained) if o.ended_at > injected]
+    waits = [o.ended_at - verdict_at for o in caught if o.ended_at > verdict_at]
+    longest = round(max(waits, default=0.0), 2)
+    caught_ok = sum(1 for o in caught if o.ok)
+    # Not 200: an HTTP error the client saw, or no answer at all (a connection cut,
+    # or the client's own two-minute limit).
+    caught_error = sum(1 for o in caught if not o.ok and o.status is not None)
+    caught_cut = sum(1 for o in caught if not o.ok and o.status is None)
+    not_ok = [o for o in caught if not o.ok]
+    caught_failed = [f"{round(o.sent_at - injected, 2)}s: {o.error}" for o in not_ok][:10]
+    now = loads(drill)
+    drill.traffic.resume()
+    mine = [s for s in streams if s.how is not None]
+    cut = [s for s in mine if s.how != "completed"]
+    figures = {
+        "caught": len(caught),
+        "caught_ok": caught_ok,
+        "caught_error": caught_error,
+        "caught_cut": caught_cut,
+        "caught_failed": caught_failed,
+        "longest_wait_past_verdict_s": longest,
+        "streams": [
+            {"how": s.how, "tokens": s.tokens, "finish": s.finish, "error": s.error}
+            for s in streams
+        ],
+        "loads_before": drill.idle_loads,
+        "loads_after": now,
+    }
+    r.failover.append(figures)
+    bound = PAST_VERDICT_BOUND_S[drill.engine]
+    stayed = {k: v for k, v in now.items() if k != AFFECTED}
+    return [
+        (settled, "requests still in flight two minutes after the incident"),
+        (
+            all(o.ok for o in caught),
+            f"{len(caught) - caught_ok} of {len(caught)} request(s) caught by the "
+            f"incident did not end 200: {caught_failed}",
+        ),
+        (
+            longest <= bound,
+            f"a request caught by the incident waited {longest}s past the verdict (bound {bound}s)",
+        ),
+        (
+            len(cut) == 1 and cut[0].how == "aborted" and len(mine) == len(streams),
+            "the stream on decode/0 ended with the engine's abort event and every other "
+            f"completed: {[s.how for s in streams]}",
+        ),
+        (
+            all(stayed.get(k) == v for k, v in drill.idle_loads.items() if k != AFFECTED),
+            f"the groups that stayed hold what they held before: {drill.idle_loads} -> {now}",
+        ),
+    ]

@@ -1,0 +1,76 @@
+"""`sequence`: one incident after another in decode/0 of one cluster, through the router
+on the real engine (what its CI drill runs), each recovered and judged before the next."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lockstep_dev.drills.deployment import RecoveryMode
+from lockstep_dev.drills.restart import Checks, restart_checks
+from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario, step_bounds_overrides
+from lockstep_dev.faults import FaultKind
+
+if TYPE_CHECKING:
+    from lockstep_dev.drills.harness import Drill
+
+# The incidents, in order (a Drill's `sequence` replaces them).
+SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
+    ("Desynced", "desync"),
+    ("Hung", "hang"),
+    ("RankDown", "kill-rank"),
+)
+# On the stand-in (a restart costs seconds there) a deleted pod follows.
+STANDIN_SEQUENCE: tuple[tuple[str, FaultKind], ...] = (*SEQUENCE, ("RankDown", "delete-pod"))
+
+
+def overrides(drill: Drill) -> dict[str, Any]:
+    # Every incident of the sequence is a restart of one group within minutes:
+    # room for all of them in the restart budget (the flapping drill tests it).
+    incidents = max(len(drill.sequence or ()), len(STANDIN_SEQUENCE))
+    budget = {"restarts": incidents + 1, "windowSeconds": 3600}
+    return step_bounds_overrides(drill) or {"recovery": {"budget": budget}}
+
+
+def act(drill: Drill) -> None:
+    """A desync, then a hang, then a killed rank, in decode/0 of one cluster, each
+    recovered (and judged) before the next: what the real engine's CI drill runs.
+
+    The first is restarted in the deployment's mode; the group then fails again
+    within `recovery.inPlace.escalationWindowSeconds` of an in-place restart, so (in
+    InPlace mode) the next ones escalate to Recreate, as the design says."""
+    checks: Checks = []
+    sequence = drill.sequence or (SEQUENCE if drill.engine == "sglang" else STANDIN_SEQUENCE)
+    for i, (verdict, kind) in enumerate(sequence):
+        drill.note(f"next: {kind}")
+        # A deleted pod cannot restart in place; the rest escalate (see above).
+        mode: RecoveryMode = drill.recovery_mode if i == 0 else "Recreate"
+        step = restart_checks(drill, verdict, kind, mode)
+        drill.figures_now()
+        r = drill.result
+        r.steps.append(
+            {
+                "fault": kind,
+                "verdict": r.verdict,
+                "restart_mode": r.restart_mode,
+                "time_to_detect_s": r.time_to_detect_s,
+                "time_to_recover_s": r.time_to_recover_s,
+                "phases": drill.phases(),
+                "router_failed_before_drain": r.router_failed_before_drain,
+                "router_failed_after_drain": r.router_failed_after_drain,
+                "affected_received_while_drained": r.affected_received_while_drained,
+                "failover": r.failover[-1] if r.failover else None,
+                "passed": all(ok for ok, _ in step),
+            }
+        )
+        failed_after = (
+            r.router_failed_after_drain if drill.router else r.affected_failed_after_drain
+        )
+        step.append((failed_after == 0, f"{failed_after} request(s) failed after the drain"))
+        r.steps[-1]["passed"] = all(ok for ok, _ in step)
+        checks += [(ok, f"{kind}: {why}") for ok, why in step]
+        if not all(ok for ok, _ in step) and not drill.keep_going:
+            break
+    drill.conclude(checks)
+
+
+SCENARIO = Scenario("sequence", act, engines=BOTH_ENGINES, overrides=overrides)
