@@ -94,6 +94,7 @@ from lockstep.rolescale import (
     resolve,
     role_scale_name,
 )
+from lockstep.router_workers import RouterBook
 from lockstep.status import LastProbe, derive_status, invalid_status, status_changed
 from lockstep.verdicts import (
     AgentReport,
@@ -129,6 +130,8 @@ class Memory:
     status_at: float | None = None
     router: str | None = None  # the router objects' hash as last applied
     router_swept_at: float | None = None  # the last sweep of the routers' registries
+    # Gates set but not yet in the cache, and the router registrations asked for.
+    routers: RouterBook = field(default_factory=RouterBook)
     # The rank states each incident's evidence capture read (by incident id), judged
     # with the group's observations while it waits in CapturingEvidence.
     captured: dict[str, tuple[AgentReport, ...]] = field(default_factory=dict)
@@ -456,6 +459,7 @@ def _run_round(
         incident_epochs={
             r.incident.id: r.incident.epoch for r in mem.records.values() if r.incident
         },
+        routers=mem.routers,
     )  # fmt: skip
     done = _execute(mem, seen, judged, plans, exe)
     return _record(rt, mem, seen, exe, done, old_conditions)

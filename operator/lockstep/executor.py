@@ -68,7 +68,11 @@ from lockstep.recovery import (
 )
 from lockstep.rolescale import Resolution, build_role_scale, role_scale_name, status_patch
 from lockstep.router_workers import (
+    RouterBook,
+    Sweep,
     admitted_urls,
+    admitted_workers,
+    pending_gates,
     router_bases,
     sweep_workers,
     sync_router_workers,
@@ -153,8 +157,9 @@ class Execution:
     # store, and the rank states parsed, which the next round judges with its observation.
     evidence: dict[str, EvidenceEntry] = field(default_factory=dict)
     reports: dict[str, tuple[AgentReport, ...]] = field(default_factory=dict)
-    # Readiness gates set this round (pod name -> value): `pods` predates them.
-    gates: dict[str, bool] = field(default_factory=dict)
+    # The routers' memory (control keeps one per deployment): readiness gates set and
+    # not yet in the cache `pods` comes from, the router registrations asked for.
+    routers: RouterBook = field(default_factory=RouterBook)
 
     def execute(self, role: str, group: int, actions: Sequence[Action]) -> None:
         """Carry out one group's actions, in order."""
@@ -396,7 +401,7 @@ class Execution:
         if not action.value:  # out of every router first: no request lands in between
             self._sync_routers(action, admit=False)
         for pod in action.pods:
-            self.gates[pod.name] = action.value
+            self.routers.gates[pod.name] = action.value
             try:
                 self.deps.kube.set_pod_condition(
                     self.namespace, pod.name, c.READINESS_GATE, action.value, reason, message
@@ -415,33 +420,46 @@ class Execution:
         pods = [p for p in self.pods if p["metadata"]["name"] in names]
         verb = "admit" if admit else "drain"
         routers = self._router_pods()
-        for problem in sync_router_workers(self.deps.agents.http, pods, routers, admit=admit):
+        for problem in sync_router_workers(
+            self.deps.agents.http, pods, routers, admit=admit, jobs=self.routers.jobs
+        ):
             log.warning("router %s of %s: %s", verb, sorted(names), problem)
 
     def _router_pods(self) -> list[Mapping[str, Any]]:
         return [p for p in self.pods if objects.label(p, c.LABEL_COMPONENT) == "router"]
 
-    def sweep_routers(self) -> list[tuple[str, str]]:
-        """Level-triggered: remove from every router replica the workers of no admitted
-        serving pod (a pod gone, being deleted or drained) that no user flag names; one
-        Event per removal. Returns what was removed, (replica, url) each."""
+    def sweep_routers(self) -> Sweep:
+        """Level-triggered, both ways: remove from every router replica the workers of no
+        admitted serving pod (a pod gone, being deleted or drained) that no user flag
+        names, and add back every admitted serving pod a replica does not list (its
+        registration lost or failed); one Event each. Returns what it did."""
+        book = self.routers
+        book.gates = pending_gates(self.pods, book.gates)
         if not self.pdd.spec.router.enabled:
-            return []
+            return Sweep()
         bases = router_bases(self._router_pods())
         if not bases:
-            return []
-        keep = admitted_urls(self.pods, self.gates) | user_urls(self.pdd.spec.router.args)
-        removed, problems = sweep_workers(self.deps.agents.http, bases, keep)
-        for base, url in removed:
+            return Sweep()
+        keep = admitted_urls(self.pods, book.gates) | user_urls(self.pdd.spec.router.args)
+        admitted = admitted_workers(self.pods, book.gates)
+        done = sweep_workers(self.deps.agents.http, bases, keep, admitted, book.jobs)
+        for base, url in done.removed:
             self.events(
                 "Normal",
                 "RouterWorkerRemoved",
                 f"router {base} listed {url}, which is no admitted serving pod's "
                 "(gone, being deleted or drained): removed it",
             )
-        for problem in problems:
+        for base, url, why in done.added:
+            self.events(
+                "Warning",
+                "RouterWorkerAdded",
+                f"router {base} did not list the admitted serving pod {url} ({why}): "
+                "registered it again",
+            )
+        for problem in done.problems:
             log.warning("router sweep of %s: %s", self.pdd.metadata.name, problem)
-        return removed
+        return done
 
     # -- requests caught by an incident
 

@@ -22,10 +22,19 @@ group (`POST /workers`, which is idempotent per URL).
 Those two calls are edge-triggered, and the router races with itself: a discovery
 registration still in flight (it contacts the worker for seconds first) can finish after
 lockstep removed the worker and put back a pod that has since died (seen once in the
-real-SGLang drill; docs/router.md has the timeline). So the operator also sweeps every
+real-SGLang drill; docs/router.md has the timeline). An admission can be lost the other
+way: `POST /workers` only queues a registration job (`{"worker_id": ...}`, 202), which
+contacts the worker (`/health`, retried up to `--worker-startup-timeout-secs`; then
+`/server_info`, 10 s a try, three tries) and, when that fails, records the job as failed
+(`GET /workers/{id}`: `job_status`) and registers nothing (sglang-router 0.3.2's
+`local_worker_registration` workflow); the group is admitted and gets no request. So the operator also sweeps every
 replica's registry, level-triggered (`sweep_workers`, at most every few seconds per
-deployment): a worker at a URL that is no admitted serving pod's (gone, being deleted,
-or drained) and that no user flag names is removed.
+deployment), both ways: a worker at a URL that is no admitted serving pod's (gone, being
+deleted, or drained) and that no user flag names is removed; an admitted serving pod
+that a replica does not list, and whose registration there is not pending, is added
+again. `RouterBook` is what this needs to remember between rounds: the readiness gates
+lockstep set that the pod cache does not show yet (a sweep must not take a just
+re-admitted pod for a drained one), and the worker id of each registration it asked for.
 
 Pure functions build the worker identities and decide what to delete; `drain_workers`
 and `admit_workers` do the HTTP with a caller's `httpx.Client` and return the problems
@@ -36,7 +45,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -65,6 +74,27 @@ class RouterWorker:
         if self.bootstrap_port is not None:
             out["bootstrap_port"] = self.bootstrap_port
         return out
+
+
+@dataclass
+class RouterBook:
+    """What the operator remembers of a deployment's router registries between rounds."""
+
+    # Readiness gates lockstep set (pod name -> value), kept until the pods' cache shows
+    # them (`pending_gates`): the cache may still show a re-admitted pod's gate False.
+    gates: dict[str, bool] = field(default_factory=dict)
+    # (replica base URL, worker URL) -> the worker id its `POST /workers` answered.
+    jobs: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What a sweep did: removed (replica, url), added again (replica, url, why), and
+    the problems met."""
+
+    removed: list[tuple[str, str]] = field(default_factory=list)
+    added: list[tuple[str, str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
 
 def router_pod_selector(deployment: str) -> dict[str, str]:
@@ -110,6 +140,33 @@ def admitted_urls(
         if admitted:
             live.append(pod)
     return {w.url for w in serving_workers(live)}
+
+
+def pending_gates(pods: Iterable[Mapping[str, Any]], gates: Mapping[str, bool]) -> dict[str, bool]:
+    """The entries of `gates` that `pods` (the cache) does not show yet: a pod still
+    listed, not being deleted, whose readiness-gate condition differs from the value."""
+    out: dict[str, bool] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if name not in gates or meta.get("deletionTimestamp"):
+            continue
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        shown = any(
+            cond.get("type") == c.READINESS_GATE and cond.get("status") == "True"
+            for cond in conditions
+        )
+        if shown != gates[name]:
+            out[name] = gates[name]
+    return out
+
+
+def admitted_workers(
+    pods: Iterable[Mapping[str, Any]], gates: Mapping[str, bool] | None = None
+) -> list[RouterWorker]:
+    """The serving workers of the admitted pods among `pods` (see `admitted_urls`)."""
+    urls = admitted_urls(pods, gates)
+    return [w for w in serving_workers(pods) if w.url in urls]
 
 
 def user_urls(args: Iterable[str]) -> set[str]:
@@ -200,29 +257,65 @@ def drain_workers(
     return problems
 
 
+def _job_status(http: httpx.Client, base: str, worker_id: str) -> dict[str, Any] | None:
+    """The router's job status of a worker id (`GET /workers/{id}`), None when it has
+    none (the worker is registered, or the router forgot the job: 404)."""
+    response = http.get(f"{base}{WORKERS_PATH}/{worker_id}", timeout=REQUEST_TIMEOUT_S)
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    status = response.json().get("job_status")
+    return status if isinstance(status, dict) else None
+
+
 def sweep_workers(
-    http: httpx.Client, bases: Sequence[str], keep: Iterable[str]
-) -> tuple[list[tuple[str, str]], list[str]]:
-    """Remove from every router replica each worker whose URL is not in `keep`. Returns
-    (what was removed, (replica, url) each; the problems met). It does not wait for the
-    removals (a background job in the router): the next sweep checks again."""
-    keep = set(keep)
-    removed: list[tuple[str, str]] = []
-    problems: list[str] = []
+    http: httpx.Client,
+    bases: Sequence[str],
+    keep: Iterable[str],
+    admitted: Sequence[RouterWorker] = (),
+    jobs: dict[tuple[str, str], str] | None = None,
+) -> Sweep:
+    """Remove from every router replica each worker whose URL is not in `keep`, and add
+    each of `admitted` that a replica does not list and whose registration there (by
+    the ids in `jobs`, which this fills) is not pending. It waits for neither (the
+    router's background jobs): the next sweep checks again."""
+    keep = set(keep) | {w.url for w in admitted}
+    jobs = {} if jobs is None else jobs
+    done = Sweep()
     for base in bases:
         try:
-            for worker_id, url in stale_workers(_listing(http, base), keep):
+            listing = _listing(http, base)
+            for worker_id, url in stale_workers(listing, keep):
                 _delete_worker(http, base, worker_id)
-                removed.append((base, url))
+                done.removed.append((base, url))
+            listed = {str(w.get("url", "")).rstrip("/") for w in listing.get("workers") or []}
+            for worker in admitted:
+                if worker.url in listed:
+                    jobs.pop((base, worker.url), None)
+                    continue
+                known = jobs.get((base, worker.url))
+                status = _job_status(http, base, known) if known else None
+                if status and status.get("status") in ("pending", "processing"):
+                    continue
+                why = "it was not listed"
+                if status and status.get("status") == "failed":
+                    why = f"its registration failed: {str(status.get('message') or '')[:200]}"
+                done.problems.extend(admit_workers(http, [base], [worker], jobs))
+                done.added.append((base, worker.url, why))
         except (httpx.HTTPError, ValueError) as err:
-            problems.append(f"router {base}: {type(err).__name__}: {err}")
-    return removed, problems
+            done.problems.append(f"router {base}: {type(err).__name__}: {err}")
+    return done
 
 
 def admit_workers(
-    http: httpx.Client, bases: Sequence[str], workers: Sequence[RouterWorker]
+    http: httpx.Client,
+    bases: Sequence[str],
+    workers: Sequence[RouterWorker],
+    jobs: dict[tuple[str, str], str] | None = None,
 ) -> list[str]:
-    """Add `workers` to every router replica (idempotent). Returns the problems met."""
+    """Add `workers` to every router replica (a registration job each; one for a URL
+    the replica lists already fails harmlessly). Each worker id answered goes into
+    `jobs`. Returns the problems met."""
     problems: list[str] = []
     for base in bases:
         for worker in workers:
@@ -233,6 +326,13 @@ def admit_workers(
                 response.raise_for_status()
             except httpx.HTTPError as err:
                 problems.append(f"router {base}, worker {worker.url}: {type(err).__name__}: {err}")
+                continue
+            try:
+                worker_id = response.json().get("worker_id")
+            except (ValueError, AttributeError):
+                worker_id = None
+            if jobs is not None and isinstance(worker_id, str) and worker_id:
+                jobs[(base, worker.url)] = worker_id
     return problems
 
 
@@ -242,6 +342,7 @@ def sync_router_workers(
     router_pods: Iterable[Mapping[str, Any]],
     *,
     admit: bool,
+    jobs: dict[tuple[str, str], str] | None = None,
 ) -> list[str]:
     """The operator's one call: drain (`admit=False`; before the readiness gate turns
     False, so no request lands in between) or re-admit (`admit=True`; after the gate
@@ -252,5 +353,5 @@ def sync_router_workers(
     if not workers or not bases:
         return []
     if admit:
-        return admit_workers(http, bases, workers)
+        return admit_workers(http, bases, workers, jobs)
     return drain_workers(http, bases, workers)

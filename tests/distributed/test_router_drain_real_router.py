@@ -30,7 +30,7 @@ from lockstep import constants as c
 from lockstep.agent_client import AgentClient
 from lockstep.executor import Deps, Execution
 from lockstep.models import parse_pddeployment
-from lockstep.router_workers import RouterWorker, admit_workers, drain_workers
+from lockstep.router_workers import RouterBook, RouterWorker, admit_workers, drain_workers
 from lockstep_standin.protocol import expected_text
 
 __all__ = ["launcher"]  # the fixture, used by name
@@ -49,14 +49,16 @@ def start_pod(launcher: Launcher, mode: str, index: int) -> StandinPod:
 
 
 @pytest.fixture
-def router(launcher: Launcher, tmp_path: Path) -> Iterator[str]:
-    """The real router, PD mode, no static workers; yields its base URL."""
+def router(launcher: Launcher, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The real router, PD mode, no static workers (extra flags: an indirect parameter);
+    yields its base URL."""
     ip = f"{launcher.net}.70"
     log = tmp_path / "router.log"
     argv = [
         sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
         "--policy", "round_robin", "--host", ip, "--port", str(c.PORT_ROUTER),
         "--prometheus-host", ip, "--prometheus-port", str(c.PORT_ROUTER_METRICS),
+        *getattr(request, "param", ()),
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -195,10 +197,10 @@ def test_the_operators_sweep_removes_a_dead_pods_worker_the_router_keeps(
         "ns",
         lambda kind, reason, message: events.append((kind, reason, message)),
         pods,
-        gates={"m-decode-0-0": True},
+        routers=RouterBook(gates={"m-decode-0-0": True}),
     )
     gone = worker(decode[1], "decode").url
-    assert exe.sweep_routers() == [(router, gone)]
+    assert exe.sweep_routers().removed == [(router, gone)]
     assert [(k, r) for k, r, _ in events] == [("Normal", "RouterWorkerRemoved")]
     assert gone in events[0][2]
     wait_until(lambda: gone not in listed(), 10, "the dead worker gone from the router", step=0.2)
@@ -207,7 +209,80 @@ def test_the_operators_sweep_removes_a_dead_pods_worker_the_router_keeps(
     assert send(http, router, 10) == [200] * 10
     assert received_since(decode[0], start) == 10
     # Swept again: nothing left to remove, nothing said.
-    assert exe.sweep_routers() == [] and len(events) == 1
+    swept = exe.sweep_routers()
+    assert swept.removed == [] and swept.added == [] and len(events) == 1
+
+
+def job_status(http: httpx.Client, router: str, worker_id: str) -> str | None:
+    status = http.get(f"{router}/workers/{worker_id}", timeout=2).json().get("job_status")
+    return None if status is None else str(status["status"])
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("router", [["--worker-startup-timeout-secs", "3"]], indirect=True)
+def test_the_sweep_registers_again_an_admitted_pod_whose_registration_failed(
+    launcher: Launcher, router: str
+) -> None:
+    """`POST /workers` only queues a registration; the router contacts the worker and,
+    when that fails, registers nothing. An admitted pod the router does not list gets no
+    request until the operator's sweep registers it again."""
+    prefill, decode = admitted_pd_pods(launcher, router)
+    http = launcher.http
+    lost = worker(decode[1], "decode")
+    assert drain_workers(http, [router], [lost]) == []
+    # Re-admitted while its server cannot answer (stopped, as a process starved of CPU
+    # would be): the router's registration job fails.
+    os.killpg(decode[1].proc.pid, signal.SIGSTOP)
+    jobs: dict[tuple[str, str], str] = {}
+    try:
+        assert admit_workers(http, [router], [lost], jobs) == []
+        worker_id = jobs[(router, lost.url)]
+        router_ip = router.removeprefix("http://").split(":")[0]
+        rank0 = {c.LABEL_RANK: "0"}
+        pods = [
+            pod_object("m-router-x", router_ip, {c.LABEL_COMPONENT: "router"}, None),
+            pod_object("m-prefill-0-0", prefill.ip, {c.LABEL_ROLE: "prefill", **rank0}, True),
+            pod_object("m-decode-0-0", decode[0].ip, {c.LABEL_ROLE: "decode", **rank0}, True),
+            pod_object("m-decode-1-0", decode[1].ip, {c.LABEL_ROLE: "decode", **rank0}, True),
+        ]
+        events: list[tuple[str, str, str]] = []
+        exe = Execution(
+            Deps(kube=None, agents=AgentClient(http), metrics=None),  # type: ignore[arg-type]
+            parse_pddeployment(pdd_obj()),
+            "ns",
+            lambda kind, reason, message: events.append((kind, reason, message)),
+            pods,
+            routers=RouterBook(jobs=jobs),
+        )
+        # While the registration is still under way, the sweep leaves it alone.
+        assert job_status(http, router, worker_id) in ("pending", "processing")
+        swept = exe.sweep_routers()
+        assert swept.added == [] and swept.removed == [] and events == []
+        wait_until(
+            lambda: job_status(http, router, worker_id) == "failed",
+            60,
+            "the router's registration job failed",
+            step=0.2,
+        )
+    finally:
+        os.killpg(decode[1].proc.pid, signal.SIGCONT)
+    listed = {str(w["url"]) for w in http.get(f"{router}/workers", timeout=2).json()["workers"]}
+    assert lost.url not in listed
+    start = time.time()
+    assert send(http, router, 6) == [200] * 6
+    assert received_since(decode[1], start) == 0  # admitted, yet it gets nothing
+
+    swept = exe.sweep_routers()
+    assert [(b, u) for b, u, _ in swept.added] == [(router, lost.url)]
+    assert swept.added[0][2].startswith("its registration failed")
+    assert [(k, r) for k, r, _ in events] == [("Warning", "RouterWorkerAdded")]
+    assert lost.url in events[0][2]
+    wait_until(lambda: three_healthy(http, router), 30, "the decode pod registered", step=0.2)
+    start = time.time()
+    assert send(http, router, 10) == [200] * 10
+    assert received_since(decode[1], start) > 0
+    # Listed now: a later sweep has nothing to add.
+    assert exe.sweep_routers().added == [] and len(events) == 1
 
 
 @pytest.mark.timeout(30)

@@ -8,6 +8,8 @@ from lockstep import constants as c
 from lockstep.router_workers import (
     RouterWorker,
     admitted_urls,
+    admitted_workers,
+    pending_gates,
     router_bases,
     router_pod_selector,
     serving_workers,
@@ -110,3 +112,20 @@ def test_stale_workers_are_those_not_kept_and_user_flags_are_kept() -> None:
     assert user_urls(["--prefill=http://p:30000", "8998"]) == {"http://p:30000"}
     assert "https://y:1" in keep
     assert stale_workers(listing, keep) == [("b", "http://10.0.0.9:30000")]
+
+
+def test_gates_the_operator_set_are_remembered_until_the_cache_shows_them() -> None:
+    shown = gated(pod("decode", 0, "10.0.0.2"), "True")  # the cache caught up
+    behind = gated(pod("prefill", 0, "10.0.0.1"), "False")  # re-admitted, cache behind
+    going = gated(pod("decode", 0, "10.0.0.4", deletionTimestamp="2026-01-01T00:00:00Z"), "False")
+    going["metadata"]["name"] = "m-decode-1-0"
+    gates = {"m-decode-0-0": True, "m-prefill-0-0": True, "m-decode-1-0": True, "gone": False}
+    assert pending_gates([shown, behind, going], gates) == {"m-prefill-0-0": True}
+    # A remembered gate still ahead of the cache decides what is admitted.
+    assert admitted_workers([shown, behind], {"m-prefill-0-0": True}) == [
+        RouterWorker(f"http://10.0.0.2:{c.PORT_HTTP}", "decode", None),
+        RouterWorker(f"http://10.0.0.1:{c.PORT_HTTP}", "prefill", None),
+    ]
+    assert admitted_workers([shown, behind], {}) == [
+        RouterWorker(f"http://10.0.0.2:{c.PORT_HTTP}", "decode", None)
+    ]

@@ -132,6 +132,39 @@ def stale_router_workers(drill: Drill) -> list[str]:
     return sorted(str(w["url"]) for w in workers if w["url"] not in live)
 
 
+def router_view(drill: Drill, lines: int = 12) -> str:
+    """What the router made of decode/0, for a failed check: its registry (url, healthy)
+    and the last lines of its log that name decode/0's serving pod."""
+    pods = drill.cluster.pods(NAMESPACE, drill.selector)
+    role, index = AFFECTED.split("/")
+    leaders = [
+        w.url
+        for w in serving_workers(
+            p
+            for p in pods
+            if p["metadata"]["labels"].get(c.LABEL_ROLE) == role
+            and p["metadata"]["labels"].get(c.LABEL_GROUP) == index
+        )
+    ]
+    url = router_endpoint(pods).get(ROUTER)
+    try:
+        listing = httpx.get(f"{url}/workers", timeout=5, trust_env=False).json()["workers"]
+        registry = [(w.get("url"), w.get("is_healthy")) for w in listing]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as err:
+        registry = [(f"(router {url}: {type(err).__name__})", None)]
+    hosts = [u.removeprefix("http://") for u in leaders]
+    said: list[str] = []
+    for directory in sorted((drill.workdir / "kubelet" / "pods").glob(f"{NAMESPACE}_*-router-*")):
+        log = directory / "container.log"
+        if log.exists():
+            text = log.read_text(errors="replace").splitlines()
+            said += [line[-300:] for line in text if any(h in line for h in hosts)]
+    return (
+        f"decode/0 serves at {leaders}; the router lists {registry}; "
+        f"its log on decode/0: {said[-lines:]}"
+    )
+
+
 def router_checks(drill: Drill) -> Checks:
     """After the group is back: the router must send it requests again (bounded wait),
     and must have sent it none while it was drained."""
@@ -146,7 +179,7 @@ def router_checks(drill: Drill) -> Checks:
     try:
         drill.wait(received_again, 30, "decode/0 receiving requests through the router again")
     except TimeoutError as err:
-        return [(False, str(err))]
+        return [(False, f"{err}; {router_view(drill)}")]
     drill.note("the router sends decode/0 requests again")
     r = drill.result
     r.router_stale_workers = stale_router_workers(drill)
