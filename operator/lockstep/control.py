@@ -48,7 +48,7 @@ from lockstep.builders import (
 from lockstep.evidence import EvidenceEntry, EvidenceStore
 from lockstep.executor import Deps, EventSink, Execution, GroupId, agent_token
 from lockstep.kube import Kube
-from lockstep.maintenance import NodeState, group_maintenance
+from lockstep.maintenance import NodeState, cluster_fingerprint, group_maintenance
 from lockstep.metrics import Metrics
 from lockstep.models import (
     Incident,
@@ -450,7 +450,9 @@ def _run_round(
                     nodes, scales, pdbs)  # fmt: skip
     judged = {role: _judge(rt, mem, seen, role) for role in ROLES}
     plans = {
-        role: plan_role(RoleSettings.from_spec(pdd.spec, role), j.records, j.inputs, now=now)
+        role: plan_role(
+            RoleSettings.from_spec(pdd.spec, role), j.records, j.inputs, now=now, serving=j.serving
+        )
         for role, j in judged.items()
     }
     assert rt.deps is not None
@@ -502,8 +504,15 @@ class Seen:
 
     @property
     def wanted(self) -> dict[Role, int]:
-        """How many groups each role runs."""
+        """How many groups each role serves (its replicas)."""
         return {role: res.replicas for role, res in self.resolutions.items()}
+
+    @property
+    def groups(self) -> dict[Role, int]:
+        """How many groups each role runs: its replicas and its warm spares (none while
+        the deployment is paused)."""
+        spares = {r: 0 if self.pdd.spec.paused else self.pdd.spec.role(r).spares for r in ROLES}
+        return {role: n + spares[role] for role, n in self.wanted.items()}
 
 
 @dataclass
@@ -511,9 +520,10 @@ class Judged:
     """One role's groups as the planner gets them: the records (found-running groups
     adopted), and each group's input with this round's verdict."""
 
-    replicas: int  # the groups the role runs (0 while paused); those beyond retire
+    replicas: int  # the groups the role runs, spares included (0 while paused); those beyond retire
     records: dict[int, GroupRecord]
     inputs: dict[int, GroupInput]
+    serving: int = 0  # of those, the groups that serve (spec replicas); the rest are spares
 
 
 @dataclass
@@ -554,7 +564,10 @@ def _observe(
         pods,
         {(str(r.role), r.index): r.epoch for r in records},
         {(str(r.role), r.index): r.slot for r in records},
-        {str(role): res.replicas for role, res in resolutions.items()},
+        {
+            str(role): res.replicas + (0 if pdd.spec.paused else pdd.spec.role(role).spares)
+            for role, res in resolutions.items()
+        },
     )
     return Seen(key, body, pdd, policy, now, pods, pods_by_group(pods), services, deployments,
                 nodes, scales, pdbs, rt.evidence.entries(*key), resolutions, stale)  # fmt: skip
@@ -567,7 +580,8 @@ def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
     namespace, name = seen.namespace, seen.name
     spec_role = pdd.spec.role(role)
     steps = step_bounds(pdd, watchdog_seconds(seen.policy.roles[role].argv))
-    replicas = 0 if pdd.spec.paused else seen.wanted[role]
+    serving = 0 if pdd.spec.paused else seen.wanted[role]
+    replicas = 0 if pdd.spec.paused else seen.groups[role]
     # Groups beyond replicas (a scale-down) stay planned until they have left: drained
     # first, then deleted (`recovery`); paused deployments delete at once.
     present = [g for (r, g) in seen.by_group if r == role]
@@ -586,6 +600,7 @@ def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
         return agent_token(deps, pdd, namespace)
 
     rolling = _rolling_group(role, seen.stale, records)
+    cluster = cluster_fingerprint(seen.nodes, seen.pods)
     inputs = {}
     for g in range(span):
         group_pods = seen.by_group.get((role, g), [])
@@ -614,8 +629,9 @@ def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
             template_changed=rollout and g < replicas,
             captured=_captured(rec, seen.entries),
             retire=g >= replicas,
+            cluster=cluster,
         )
-    return Judged(replicas, records, inputs)
+    return Judged(replicas, records, inputs, serving)
 
 
 def _execute(
@@ -635,7 +651,7 @@ def _execute(
     retiring: set[GroupId] = set()
     for role, plan in plans.items():
         j = judged[role]
-        for g, gp in sorted(plan.groups.items()):
+        for g, gp in plan.order():
             exe.execute(role, g, gp.actions)
             actions.extend(gp.actions)
             if g >= j.replicas:
@@ -672,10 +688,13 @@ def _execute(
         exe.avoid_nodes,
         exe.slots,
         retiring,
-        {str(k): v for k, v in seen.wanted.items()},
-        # A quarantined group serves nothing and waits for a person: it has no budget, so
-        # a drain takes its pods rather than wait (the quarantine and its evidence stay).
-        unguarded={(r.role, r.index) for r in records.values() if r.step is Step.QUARANTINED},
+        {str(k): v for k, v in seen.groups.items()},
+        # A quarantined group serves nothing and waits for a person, a spare serves
+        # nothing: neither has a budget, so a drain takes their pods rather than wait
+        # (the eviction API refuses a pod of a budget none of whose pods is ready).
+        unguarded={
+            (r.role, r.index) for r in records.values() if r.step is Step.QUARANTINED or r.spare
+        },
     )
     exe.apply_reconcile(reconcile)
     exe.apply_pdbs(reconcile.pdbs, seen.pdbs)
@@ -740,6 +759,9 @@ def _record(
         rt.metrics.ready_groups.labels(namespace, name, role).set(
             int(role_status.get("readyGroups", 0))
         )
+        rt.metrics.spare_groups.labels(namespace, name, role).set(
+            int(role_status.get("readySpares", 0))
+        )
     writes += _patch_status(rt, mem, namespace, name, status, seen.now)
     rt.metrics.incidents_open.labels(namespace, name).set(status["openIncidents"])
     rt.metrics.quarantined.labels(namespace, name).set(
@@ -782,7 +804,7 @@ def _inflight(
     """The requests each leader of a group holds, read only while the group drains on
     purpose (maintenance): one small GET per leader, bounded."""
     draining = (record is not None and record.maintenance and record.step in _DRAIN_STEPS) or (
-        record is not None and record.step is Step.RETIRING
+        record is not None and record.step in (Step.RETIRING, Step.STANDING_DOWN)
     )
     if record is None or not draining:
         return {}

@@ -239,7 +239,10 @@ class Execution:
             groups = (status.get(role) or {}).get("groups") or []
             patch = status_patch(
                 res,
-                replicas=sum(1 for g in groups if g.get("state") != "Retiring"),
+                # What the autoscaler scales: the serving groups (spares are extra).
+                replicas=sum(
+                    1 for g in groups if g.get("state") != "Retiring" and not g.get("spare")
+                ),
                 ready_groups=int((status.get(role) or {}).get("readyGroups", 0)),
                 selector=role_selector(self.pdd, role),
             )

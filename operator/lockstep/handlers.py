@@ -252,18 +252,20 @@ def node_states(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeState]:
 async def node_changed(
     name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """A node's cordon or taints changed: wake the deployments with pods on it. Status
-    heartbeats (most node events) change neither and cost a comparison."""
+    """A node was added or went, or its cordon, taints or GPUs changed: wake every
+    deployment (one with pods on it may have to move; one with a group waiting unplaced
+    may fit now). Status heartbeats (most node events) change none of it and cost a
+    comparison; the initial listing (`type` None) only records."""
     seen: dict[str, NodeState] = memo.setdefault("node_seen", {})
     state = NodeState.from_k8s(body)
-    before = seen.get(name)
-    seen[name] = state
-    if before == state or (before is None and not state.unschedulable and not state.taints):
+    before = seen.pop(name, None) if type == "DELETED" else seen.get(name)
+    if type != "DELETED":
+        seen[name] = state
+    if type is None or (before == state and type != "DELETED"):
         return
     pods: kopf.Index[tuple[str | None, str], dict[str, Any]] = kwargs["deployment_pods"]
     for key in list(pods):
-        if any(((p.get("spec") or {}).get("nodeName")) == name for p in pods.get(key, [])):
-            memo["wakers"].wake(*key)
+        memo["wakers"].wake(*key)
 
 
 def current_nodes(index: kopf.Index[str, NodeState]) -> dict[str, NodeState]:

@@ -12,6 +12,7 @@ do to a group. A taint the group's pods tolerate is not a reason to move either.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 HEALTH_TAINT_PREFIX = "node.kubernetes.io/"
 CORDON_TAINT = "node.kubernetes.io/unschedulable"
 MOVE_EFFECTS = ("NoSchedule", "NoExecute")
+GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class NodeState:
     name: str
     unschedulable: bool = False
     taints: tuple[tuple[str, str, str], ...] = ()  # key, value, effect
+    # The node's allocatable accelerators (`nvidia.com/gpu`), as the node reports them:
+    # a change is a change of what the scheduler can place (`cluster_fingerprint`).
+    gpus: str = ""
 
     @classmethod
     def from_k8s(cls, node: Mapping[str, Any]) -> NodeState:
@@ -38,11 +43,29 @@ class NodeState:
             for t in spec.get("taints") or []
             if isinstance(t, Mapping)
         )
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
         return cls(
             name=str((node.get("metadata") or {}).get("name", "")),
             unschedulable=bool(spec.get("unschedulable")),
             taints=taints,
+            gpus=str(allocatable.get(GPU_RESOURCE, "")),
         )
+
+
+def cluster_fingerprint(nodes: Mapping[str, NodeState], pods: Sequence[Mapping[str, Any]]) -> str:
+    """What a group that could not be placed waits to see change before it tries again:
+    the nodes (added, removed, cordoned or uncordoned, tainted, their GPUs) and the bound
+    pods among `pods` (one gone frees its GPUs). A digest, equal while nothing changed."""
+
+    parts = [repr(sorted((n.name, n.unschedulable, n.taints, n.gpus) for n in nodes.values()))]
+    bound = sorted(
+        str((p.get("metadata") or {}).get("uid", ""))
+        for p in pods
+        if (p.get("spec") or {}).get("nodeName")
+        and not (p.get("metadata") or {}).get("deletionTimestamp")
+    )
+    parts.append(",".join(bound))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def _tolerated(taint: tuple[str, str, str], tolerations: Sequence[Mapping[str, Any]]) -> bool:

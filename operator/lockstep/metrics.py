@@ -85,6 +85,12 @@ class Metrics:
             ["namespace", "deployment", "role"],
             registry=self.registry,
         )
+        self.spare_groups = Gauge(
+            "lockstep_role_spare_groups",
+            "Warm spare groups of a role that are Healthy (deep-probed, out of every router).",
+            ["namespace", "deployment", "role"],
+            registry=self.registry,
+        )
         self.quarantined = Gauge(
             "lockstep_groups_quarantined",
             "Groups quarantined after exhausting their restart budget.",

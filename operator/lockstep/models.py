@@ -282,6 +282,17 @@ class RoleSpec(CRDModel):
     replicas: int = Field(
         1, ge=0, le=512, description="Number of TP groups (SGLang instances) of this role."
     )
+    spares: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description=(
+            "Warm spare groups beside `replicas`: started, deep-probed and kept out of "
+            "every router; one is admitted at once when a serving group breaks, moves for "
+            "maintenance or the role scales up, and the group it replaces becomes the "
+            "spare. Each costs a group's GPUs."
+        ),
+    )
     tp: int = Field(ge=1, le=256, description="Tensor-parallel size of one group.")
     pods_per_group: int = Field(
         1, ge=1, le=32, description="Pods (nodes) one TP group spans (SGLang --nnodes)."
@@ -624,6 +635,7 @@ GroupState = Literal[
     "Moving",
     "Unschedulable",
     "Retiring",
+    "StandingDown",
     "Quarantined",
 ]
 
@@ -649,6 +661,9 @@ class GroupStatus(CRDModel):
     consecutive_failures: int = Field(0, ge=0, description="Failed probes in a row.")
     last_probe: ProbeResult | None = Field(None, description="The last deep probe.")
     last_restart_time: str | None = Field(None, description="Last restart (RFC 3339).")
+    spare: bool = Field(
+        False, description="A warm spare: kept out of every router until it is admitted."
+    )
     message: str | None = Field(None, description="Human-readable detail.")
 
 
@@ -668,6 +683,10 @@ class RoleStatus(CRDModel):
         None, description="The role's PDRoleScale (kubectl scale pdrs/<name> --replicas=N)."
     )
     ready_groups: int = Field(0, ge=0, description="Groups that are Healthy and admitted.")
+    spares: int = Field(0, ge=0, description="Desired warm spare groups.")
+    ready_spares: int = Field(
+        0, ge=0, description="Spare groups that are Healthy (deep-probed), ready to admit."
+    )
     groups: list[GroupStatus] = Field(default_factory=list, description="Every group.")
     effective_args: list[str] = Field(
         default_factory=list, description="The SGLang argv after the flag policy."

@@ -156,6 +156,7 @@ def derive_status(
                     last_restart_time=None
                     if rec.budget.last_restart_at is None
                     else rfc3339(rec.budget.last_restart_at),
+                    spare=rec.spare,
                     message=rec.placement.unschedulable
                     or rec.maintenance
                     or rec.detection.last_reason,
@@ -166,12 +167,18 @@ def derive_status(
             replicas=0 if pdd.spec.paused else wanted,
             replicas_source=source,
             scale_target=role_scale_name(pdd.metadata.name, role),
-            ready_groups=sum(g.state == "Healthy" for g in groups),
+            ready_groups=sum(g.state == "Healthy" and not g.spare for g in groups),
+            spares=0 if pdd.spec.paused else pdd.spec.role(role).spares,
+            ready_spares=sum(g.state == "Healthy" and g.spare for g in groups),
             groups=groups,
             effective_args=list(policy.roles[role].argv),
         )
     total = sum(r.replicas for r in roles.values())
     ready_all = sum(r.ready_groups for r in roles.values())
+    spares = sum(r.spares for r in roles.values())
+    spares_note = (
+        f"; {sum(r.ready_spares for r in roles.values())}/{spares} spare(s) ready" if spares else ""
+    )
     quarantined = [f"{r.role}/{r.index}" for r in records.values() if r.step is Step.QUARANTINED]
     recovering = [
         f"{r.role}/{r.index}"
@@ -195,7 +202,7 @@ def derive_status(
             "Ready",
             total > 0 and ready_all == total,
             "AllGroupsHealthy" if ready_all == total else "GroupsNotReady",
-            f"{ready_all}/{total} groups healthy",
+            f"{ready_all}/{total} groups healthy{spares_note}",
             now,
             gen,
         ),

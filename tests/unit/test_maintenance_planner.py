@@ -15,7 +15,12 @@ from dataclasses import dataclass, field, replace
 import pytest
 from test_recovery import T0, Sim, settings
 
-from lockstep.maintenance import NodeState, group_maintenance, node_maintenance
+from lockstep.maintenance import (
+    NodeState,
+    cluster_fingerprint,
+    group_maintenance,
+    node_maintenance,
+)
 from lockstep.models import MaintenanceSpec
 from lockstep.recovery import (
     CloseIncident,
@@ -240,6 +245,55 @@ def test_an_epoch_not_placed_in_time_is_withdrawn_whole_and_retried_after_backof
     assert rec.placement.withdrawals == 0 and rec.placement.unschedulable is None and rec.epoch == 2
     # The withdrawal deleted pods without counting a restart; the restart itself counted once.
     assert rec.budget.restarts == 1
+
+
+def test_a_withdrawn_group_creates_no_pod_until_the_cluster_changes() -> None:
+    sim = MoveSim(cfg=move_settings(sched=20))  # backoff 0: it used to retry every 2 s
+    sim.round({0: "desync!"})
+    sim.full = True
+    sim.facts = {0: {"cluster": "full"}}
+    for _ in range(40):
+        sim.round({})
+        if sim.step() is Step.UNSCHEDULABLE and not sim.view(0):
+            break
+    assert sim.step() is Step.UNSCHEDULABLE and not sim.view(0)
+    msg = [m for m in _messages(sim) if "withdrawn whole" in m]
+    assert msg and "trying again when the cluster changes" in msg[0]
+    created = len(sim.actions(CreateEpoch, 0))
+    for _ in range(120):  # two minutes with nothing changed: no pod, no GPU held
+        sim.round({}, dt=1.0)
+        assert not sim.view(0) and sim.step() is Step.UNSCHEDULABLE
+    assert len(sim.actions(CreateEpoch, 0)) == created
+    sim.full = False
+    sim.facts = {0: {"cluster": "a node uncordoned"}}
+    for _ in range(40):
+        sim.round({0: "ok"})
+        if sim.step() is Step.HEALTHY:
+            break
+    assert sim.step() is Step.HEALTHY
+    assert any("the cluster changed" in m for m in _messages(sim))
+
+
+def test_the_cluster_fingerprint_follows_nodes_and_bound_pods_only() -> None:
+    nodes = {"a": NodeState("a", gpus="8"), "b": NodeState("b", gpus="8")}
+    pods = [
+        {"metadata": {"uid": "p1"}, "spec": {"nodeName": "a"}},
+        {"metadata": {"uid": "p2"}, "spec": {}},  # not bound: holds nothing
+    ]
+    base = cluster_fingerprint(nodes, pods)
+    assert cluster_fingerprint(dict(reversed(nodes.items())), list(reversed(pods))) == base
+    assert cluster_fingerprint(nodes, pods[:1]) == base
+    assert cluster_fingerprint(nodes, []) != base  # a pod gone
+    cordoned = {**nodes, "a": NodeState("a", unschedulable=True, gpus="8")}
+    assert cluster_fingerprint(cordoned, pods) != base
+    assert cluster_fingerprint({**nodes, "c": NodeState("c", gpus="8")}, pods) != base
+    assert cluster_fingerprint({**nodes, "b": NodeState("b", gpus="4")}, pods) != base
+    node = {
+        "metadata": {"name": "a"},
+        "spec": {},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+    }
+    assert NodeState.from_k8s(node) == NodeState("a", gpus="8")
 
 
 def test_node_maintenance_reads_cordons_and_maintenance_taints_not_health_taints() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 from factories import pdd_obj, with_path
@@ -160,6 +161,10 @@ class Sim:
     # control.observe_group's one classify_group over them does).
     captured: dict[str, bool] = field(default_factory=dict)
     capture_divergence: bool = False
+    # Warm spares: how many groups serve (None: all, no spares), and facts per group the
+    # I/O layer would add (maintenance, in-flight counts), as GroupInput fields.
+    serving: int | None = None
+    facts: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for i in range(self.groups):
@@ -252,6 +257,7 @@ class Sim:
                 # The fake's agents either answer or are unreachable: never a "no".
                 restart_unreachable=frozenset(self.failures.get((i, self.records[i].epoch), {})),
                 captured=self.captured_for(i),
+                **self.facts.get(i, {}),
             )
             for i in range(self.groups)
         }
@@ -268,8 +274,14 @@ class Sim:
         manual: dict[int, str] | None = None,
         dt: float = 1.0,
     ) -> RolePlan:
-        plan = plan_role(self.cfg, self.records, self.inputs(verdicts, manual), now=self.now)
-        for i, gp in plan.groups.items():
+        plan = plan_role(
+            self.cfg,
+            self.records,
+            self.inputs(verdicts, manual),
+            now=self.now,
+            serving=self.serving,
+        )
+        for i, gp in plan.order():
             self.apply(i, gp.actions)
             self.records[i] = gp.record
         if self.settle_deletes:
@@ -552,6 +564,15 @@ TRANSITIONS: list[tuple[str, GroupRecord, GroupInput, Step, list[str]]] = [
      GroupInput(pods(), retire=True), Step.RETIRING, ["EmitEvent", "SetGate"]),
     ("retiring: drained, gone", rec(Step.RETIRING, drained_at=T0 - 5, drain_done=True),
      GroupInput((), retire=True), Step.RETIRING, ["EmitEvent"]),
+    ("readmitting a spare: it stands by, out of the routers", rec(Step.READMITTING, spare=True),
+     GroupInput(pods(gate=None)), Step.HEALTHY, ["EmitEvent"]),
+    ("readmitting a spare that served: its gates go false first",
+     rec(Step.READMITTING, spare=True), GroupInput(pods()), Step.READMITTING, ["SetGate"]),
+    ("standing down: leaves the routers first", rec(Step.STANDING_DOWN, spare=True),
+     GroupInput(pods()), Step.STANDING_DOWN, ["SetGate"]),
+    ("standing down: drained, it stands by",
+     rec(Step.STANDING_DOWN, spare=True, drained_at=T0 - 5, drain_done=True),
+     GroupInput(pods(gate=False)), Step.HEALTHY, ["EmitEvent"]),
 ]  # fmt: skip
 
 

@@ -159,7 +159,8 @@ def on_healthy(r: Round, v: GroupVerdict | None) -> None:
     if v is None:
         return
     if v.is_failure:
-        count_failure(r, v, in_service=True)
+        # A spare serves nothing: it never holds the role's last-in-service guard.
+        count_failure(r, v, in_service=not r.rec.spare)
     else:
         _set(r, failures=0, first_failure_at=None)
 
@@ -170,12 +171,12 @@ def on_suspect(r: Round, v: GroupVerdict | None) -> None:
         if v is not None and not v.is_failure:
             r.goto(Step.READMITTING)
             return
-        begin_recovery(r, leaving_service=True)
+        begin_recovery(r, leaving_service=not r.rec.spare)
         return
     if v is None:
         return
     if v.is_failure:
-        count_failure(r, v, in_service=True)
+        count_failure(r, v, in_service=not r.rec.spare)
     else:
         # Slow is progress: a probe that times out under load never restarts a group.
         r.goto(Step.HEALTHY, clear_failures=True)

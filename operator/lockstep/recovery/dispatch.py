@@ -20,13 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from lockstep.recovery import budget, detect, in_place, manual, move, placement, restart, retire
+from lockstep.recovery import (
+    budget,
+    detect,
+    in_place,
+    manual,
+    move,
+    placement,
+    restart,
+    retire,
+    spares,
+)
 from lockstep.recovery.core import Round
 from lockstep.recovery.inputs import GroupInput, GroupPlan, RoleGuards, RolePlan, RoleSettings
 from lockstep.recovery.record import GroupRecord, adopt_group
 from lockstep.recovery.steps import (
     BROKEN_STEPS,
     MOVE_STEPS,
+    RECHECK_SECONDS,
     RESTARTING_STEPS,
     Step,
 )
@@ -53,6 +64,7 @@ STEP_TABLE: Mapping[Step, Handler] = {
     Step.HANDING_OVER: move.on_handing_over,
     Step.UNSCHEDULABLE: placement.on_unschedulable,
     Step.RETIRING: retire.retire,
+    Step.STANDING_DOWN: spares.on_standing_down,
 }
 
 
@@ -109,15 +121,24 @@ def plan_role(
     inputs: Mapping[int, GroupInput],
     *,
     now: float,
+    serving: int | None = None,
 ) -> RolePlan:
     """Plan one round for every group of a role, applying the role's guard rails.
 
-    A group in `inputs` without a record is adopted (`adopt_group`).
+    A group in `inputs` without a record is adopted (`adopt_group`). `serving`: how many
+    of the groups that stay serve (`spec.<role>.replicas`); the others are warm spares
+    (`spares`). None: every group serves and none is ever a spare.
     """
     recs = dict(records)
     for index, inp in inputs.items():
         if index not in recs:
             recs[index] = adopt_group(settings.role, index, inp.pods, now=now)
+    pre = spares.Designation(recs)
+    if serving is not None:
+        pre = spares.before(
+            recs, inputs, serving, maintenance=settings.maintenance.mode != "Off", now=now
+        )
+        recs = pre.records
     restarting = sum(r.step in RESTARTING_STEPS for r in recs.values())
     waiting = sorted(
         (
@@ -148,7 +169,17 @@ def plan_role(
         plans[index] = plan_group(
             recs[index], inputs.get(index, GroupInput()), settings, guards=guards, now=now
         )
-    return RolePlan(plans)
+    if serving is None:
+        return RolePlan(plans)
+    post = spares.after(plans, inputs, now)
+    out = {}
+    for index, p in plans.items():
+        acts = (*pre.actions.get(index, ()), *p.actions, *post.actions.get(index, ()))
+        requeue = p.requeue_after
+        if index in post.first:  # finish the admission soon
+            requeue = RECHECK_SECONDS if requeue is None else min(requeue, RECHECK_SECONDS)
+        out[index] = GroupPlan(post.records[index], acts, requeue)
+    return RolePlan(out, frozenset(pre.first | post.first))
 
 
 def plan_group(
@@ -193,7 +224,7 @@ def _retire_blocked(
     if recovering:
         names = ", ".join(f"group {r.index} ({r.step})" for r in recovering)
         return f"the role is recovering {names}"
-    if not any(r.step is Step.HEALTHY or r.step in MOVE_STEPS for r in staying):
+    if not any((r.step is Step.HEALTHY or r.step in MOVE_STEPS) and not r.spare for r in staying):
         return "no group that stays is in service yet"
     return None
 

@@ -45,6 +45,10 @@ class GroupInput:
     inflight: Mapping[str, int | None] = field(default_factory=dict)
     # The group is beyond the role's replicas: it leaves (drained first). See plan_role.
     retire: bool = False
+    # A digest of what the scheduler can place (`maintenance.cluster_fingerprint`): a
+    # group withdrawn as unplaceable tries again when it changes. None: not known (then
+    # it tries again after backoff).
+    cluster: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,13 @@ class RolePlan:
     """The plans of every group of a role."""
 
     groups: Mapping[int, GroupPlan]
+    # Groups whose actions run before the others' (spares admitted this round: in every
+    # router before a broken group's requests are ended and retried).
+    first: frozenset[int] = frozenset()
+
+    def order(self) -> list[tuple[int, GroupPlan]]:
+        """The groups' plans in the order their actions run."""
+        return sorted(self.groups.items(), key=lambda kv: (kv[0] not in self.first, kv[0]))
 
     @property
     def degraded(self) -> bool:

@@ -37,7 +37,9 @@ def due(r: Round) -> bool:
         r.again_in(retry_at - r.now)
         return False
     nodes = r.inp.maintenance_nodes
-    if mode == "MakeBeforeBreak":
+    # A spare serves nothing: it moves by draining first (a spare took over from a
+    # serving group the same way, `spares.before`).
+    if mode == "MakeBeforeBreak" and not r.rec.spare:
         incidents.open_incident(r, IncidentKind.MAINTENANCE, why, why, first_failure=r.now)
         target, slot = r.rec.epoch + 1, 1 - r.rec.slot
         incidents.set_action(r, f"move make-before-break: epoch {target} on other nodes first")
@@ -64,7 +66,7 @@ def due(r: Round) -> bool:
 def drain_first(r: Round, why: str, nodes: Sequence[str]) -> bool:
     """Move by draining first: out of the routers, in-flight requests finish, then
     the group is recreated on other nodes (True: started; False: deferred)."""
-    if not r.g.may_leave_service:
+    if not r.rec.spare and not r.g.may_leave_service:
         r.defer(
             "maintenance-last-in-service",
             f"maintenance ({why}) deferred: the group is the last of the role in service "

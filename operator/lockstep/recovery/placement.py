@@ -1,5 +1,9 @@
 """Shared service: whole-or-nothing placement. An epoch not wholly bound to nodes within
-`schedulingTimeoutSeconds` is withdrawn whole and retried after backoff (not a restart)."""
+`schedulingTimeoutSeconds` is withdrawn whole (not a restart): its pods are deleted, so a
+half-placed group holds no GPU. The next attempt waits until the cluster changes
+(`GroupInput.cluster`: a node added, uncordoned or untainted, its GPUs, a pod gone), or
+`UNPLACED_RETRY_SECONDS` for what lockstep cannot see; without that knowledge, it retries
+after backoff. So a group that cannot be placed creates no pods while nothing changed."""
 
 from __future__ import annotations
 
@@ -11,7 +15,13 @@ from lockstep.recovery.actions import (
 )
 from lockstep.recovery.core import Round
 from lockstep.recovery.record import Placement, refs
-from lockstep.recovery.steps import DELETE_GRACE_SECONDS, RECHECK_SECONDS, Reason, Step
+from lockstep.recovery.steps import (
+    DELETE_GRACE_SECONDS,
+    RECHECK_SECONDS,
+    UNPLACED_RETRY_SECONDS,
+    Reason,
+    Step,
+)
 from lockstep.verdicts import GroupVerdict, PodView
 
 
@@ -46,9 +56,14 @@ def withdraw(r: Round, why: str) -> None:
     n = r.rec.placement.withdrawals + 1
     b = r.s.recovery.backoff
     delay = max(min(b.base_seconds << min(n - 1, 32), b.max_seconds), RECHECK_SECONDS)
+    if r.inp.cluster is not None:
+        delay = max(delay, UNPLACED_RETRY_SECONDS)
+        when = f"trying again when the cluster changes (at the latest in {delay:g}s)"
+    else:
+        when = f"retrying in {delay:g}s"
     r.event(
         Reason.UNSCHEDULABLE,
-        f"epoch {r.rec.epoch} withdrawn whole: {why}; retrying in {delay:g}s (withdrawal {n})",
+        f"epoch {r.rec.epoch} withdrawn whole: {why}; {when} (withdrawal {n})",
         warning=True,
     )
     incidents.set_action(r, f"epoch {r.rec.epoch} withdrawn (unschedulable): {why}")
@@ -74,13 +89,19 @@ def on_unschedulable(r: Round, v: GroupVerdict | None) -> None:
         r.again_in(RECHECK_SECONDS)
         return
     retry_at = r.rec.placement.retry_at or r.now
+    seen, now_seen = r.rec.placement.cluster, r.inp.cluster
+    if now_seen is not None and seen is None:
+        _set(r, cluster=now_seen)  # the cluster with the withdrawn pods gone
+    elif now_seen is not None and now_seen != seen:
+        r.event(Reason.UNSCHEDULABLE, "the cluster changed (a node or a pod): placing it again")
+        retry_at = r.now
     if r.now < retry_at:
         r.again_in(retry_at - r.now)
         return
     r.goto(
         Step.CREATING,
         epoch=r.rec.epoch + 1,
-        placement=r.rec.placement.model_copy(update={"withdrawn": ()}),
+        placement=r.rec.placement.model_copy(update={"withdrawn": (), "cluster": None}),
     )
 
 

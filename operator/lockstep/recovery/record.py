@@ -138,6 +138,9 @@ class Placement(_Frozen):
     withdrawn: tuple[PodRef, ...] = ()
     retry_at: float | None = None
     unschedulable: str | None = None
+    # The cluster as it was once the withdrawn pods were gone (`GroupInput.cluster`): the
+    # next attempt waits for it to change (or for `retry_at`, the safety net).
+    cluster: str | None = None
 
 
 class Drain(_Frozen):
@@ -217,6 +220,9 @@ class GroupRecord(_Frozen):
     # starts the next epoch in the other slot, so old and new pods coexist.
     slot: int = Field(0, ge=0, le=1)
     healthy_since: float | None = None
+    # A warm spare (`spec.<role>.spares`): kept out of every router; `spares` decides
+    # which groups are spares (the one writer of this field).
+    spare: bool = False
     incident: IncidentRecord | None = None
     incident_seq: int = 0
     # Restart count of each pod (by UID) when its epoch started or was adopted: pass it
@@ -291,6 +297,8 @@ def status_state(record: GroupRecord) -> GroupState:
         return "Unschedulable"
     if step is Step.RETIRING:
         return "Retiring"
+    if step is Step.STANDING_DOWN:
+        return "StandingDown"
     if step in (Step.STARTING, Step.HEALTHY, Step.SUSPECT, Step.QUARANTINED):
         if step is Step.SUSPECT and record.incident is not None:
             return _verdict_state(record.incident.verdict)

@@ -21,6 +21,7 @@ from lockstep.recovery.steps import (
     DELETE_GRACE_SECONDS,
     FORCE_DELETE_AFTER_SECONDS,
     RECHECK_SECONDS,
+    IncidentKind,
     Reason,
     Step,
 )
@@ -234,6 +235,9 @@ def on_creating(r: Round, v: GroupVerdict | None) -> None:
 
 
 def on_readmitting(r: Round, v: GroupVerdict | None) -> None:
+    if r.rec.spare:
+        stand_by(r)
+        return
     todo = [p for p in r.current_pods() if not p.deleting and p.gate is not True]
     if todo:
         r.actions.append(SetGate(refs(todo), True))
@@ -259,6 +263,31 @@ def on_readmitting(r: Round, v: GroupVerdict | None) -> None:
         r.event(Reason.READMITTED, f"{done}; re-admitted in epoch {r.rec.epoch}")
     else:
         r.event(Reason.READY, f"admitted in epoch {r.rec.epoch}")
+    r.settle()
+    r.requeue = None
+
+
+def stand_by(r: Round) -> None:
+    """A spare's deep probe passed: it stays out of every router (its gates false)."""
+    todo = [p for p in r.current_pods() if not p.deleting and p.gate is True]
+    if todo:  # it served before (a serving group that became the spare)
+        r.actions.append(SetGate(refs(todo), False))
+        r.again_in(RECHECK_SECONDS)
+        return
+    inc = r.rec.incident
+    done = f"standing by as the role's spare in epoch {r.rec.epoch}"
+    if inc is not None and inc.kind is IncidentKind.MAINTENANCE:
+        done = f"moved for maintenance ({r.rec.maintenance}); {done}"
+        incidents.close_incident(r, done)
+    elif inc is not None:
+        how = (
+            f"restarted the whole group ({r.rec.restart.mode}, {inc.attempts} attempt(s))"
+            if inc.attempts
+            else f"no restart ({inc.action or 'none'}); recovered by itself"
+        )
+        done = f"{how}; {done}"
+        incidents.close_incident(r, done)
+    r.event(Reason.STANDBY, f"deep probe passed: {done}, out of every router")
     r.settle()
     r.requeue = None
 

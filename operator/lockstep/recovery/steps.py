@@ -56,6 +56,9 @@ class Step(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     # Scale-down: out of every router, in-flight requests finish, then the pods go.
     RETIRING = "Retiring"
+    # A serving group becoming a spare (the role has more serving groups than replicas):
+    # out of every router, in-flight requests finish, then it stands by.
+    STANDING_DOWN = "StandingDown"
 
 
 # A restart slot of the role is held from the first delete to re-admission.
@@ -125,6 +128,9 @@ class Reason(StrEnum):
     MOVED = "GroupMoved"
     UNSCHEDULABLE = "GroupUnschedulable"
     REQUESTS_ENDED = "RequestsEnded"
+    PROMOTED = "SparePromoted"
+    STANDBY = "GroupStandingBy"
+    STANDING_DOWN = "GroupStandingDown"
 
 
 VERDICT_REASON = {
@@ -152,5 +158,9 @@ MOVE_UNSCHEDULABLE_SECONDS = 10.0
 DRAIN_SETTLE_SECONDS = 1.0
 # A move that could neither make before break nor drain first waits this long to retry.
 MOVE_RETRY_SECONDS = 30.0
+# A group withdrawn as unplaceable tries again when the cluster changes (a node added,
+# uncordoned, untainted, a pod gone); without a change only this often, for what lockstep
+# cannot see (another workload's pod ending on a node it does not watch).
+UNPLACED_RETRY_SECONDS = 300.0
 # How often a drain looks at the leader's in-flight requests again.
 DRAIN_RECHECK_SECONDS = 1.0
