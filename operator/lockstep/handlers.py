@@ -252,7 +252,7 @@ def node_states(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeState]:
 async def node_changed(
     name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **kwargs: Any
 ) -> None:
-    """A node was added or went, or its cordon, taints or GPUs changed: wake every
+    """A node was added or went, or its cordon, taints, labels or GPUs changed: wake every
     deployment (one with pods on it may have to move; one with a group waiting unplaced
     may fit now). Status heartbeats (most node events) change none of it and cost a
     comparison; the initial listing (`type` None) only records."""

@@ -34,6 +34,8 @@ class NodeState:
     # The node's allocatable accelerators (`nvidia.com/gpu`), as the node reports them:
     # a change is a change of what the scheduler can place (`cluster_fingerprint`).
     gpus: str = ""
+    # Its labels (what node affinity and topology keys select on).
+    labels: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_k8s(cls, node: Mapping[str, Any]) -> NodeState:
@@ -49,15 +51,18 @@ class NodeState:
             unschedulable=bool(spec.get("unschedulable")),
             taints=taints,
             gpus=str(allocatable.get(GPU_RESOURCE, "")),
+            labels=tuple(sorted(((node.get("metadata") or {}).get("labels") or {}).items())),
         )
 
 
 def cluster_fingerprint(nodes: Mapping[str, NodeState], pods: Sequence[Mapping[str, Any]]) -> str:
     """What a group that could not be placed waits to see change before it tries again:
-    the nodes (added, removed, cordoned or uncordoned, tainted, their GPUs) and the bound
+    the nodes (added, removed, cordoned or uncordoned, tainted, labelled, their GPUs) and the bound
     pods among `pods` (one gone frees its GPUs). A digest, equal while nothing changed."""
 
-    parts = [repr(sorted((n.name, n.unschedulable, n.taints, n.gpus) for n in nodes.values()))]
+    parts = [
+        repr(sorted((n.name, n.unschedulable, n.taints, n.gpus, n.labels) for n in nodes.values()))
+    ]
     bound = sorted(
         str((p.get("metadata") or {}).get("uid", ""))
         for p in pods

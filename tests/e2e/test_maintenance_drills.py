@@ -51,3 +51,21 @@ def test_kubectl_scale_on_each_role_scales_with_no_request_lost() -> None:
         assert s["requests_to_new_groups_before_admission"] == 0
         assert s["requests_to_removed_groups_after_drain"] == 0
         assert s["requests_failed_so_far"] == 0
+
+
+@pytest.mark.timeout(900)
+def test_a_warm_spare_keeps_capacity_through_a_desync_a_drain_and_a_scale_up() -> None:
+    # One cluster with no free GPU: the spare takes a desynced group's place within 3 s
+    # of the verdict and the broken group becomes the spare; a drained node's group hands
+    # over with no moment short of capacity and then waits unplaced creating nothing
+    # until the node is back; a scale-up is served by the spare at once.
+    r = drill("spares")
+    (desync,) = r.steps
+    assert desync["verdict_to_full_capacity_s"] <= 3.0 and desync["spares_after"] == [0]
+    assert desync["requests_to_decode0_after_verdict"] == 0 and desync["requests_failed"] == 0
+    m = r.maintenance
+    assert m["drain_exit_code"] == 0 and m["group_seconds_short"] == 0
+    assert m["pods_created_while_unplaceable"] == 0 and m["spares_after"] == [1]
+    assert m["requests_failed"] == 0
+    (scale,) = r.scaling
+    assert scale["scale_to_full_capacity_s"] <= 3.0 and scale["new_group"]["spare"]

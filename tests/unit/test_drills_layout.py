@@ -50,6 +50,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "node-drain",
         "unplaceable",
         "scale",
+        "spares",
         "ha",
     }
     assert REAL_SGLANG_SCENARIOS == (
@@ -60,7 +61,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "pod-delete",
         "operator-crash",
     )
-    assert NODE_SCENARIOS == ("node-drain", "unplaceable")
+    assert NODE_SCENARIOS == ("node-drain", "unplaceable", "spares")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))

@@ -288,6 +288,8 @@ def test_the_cluster_fingerprint_follows_nodes_and_bound_pods_only() -> None:
     assert cluster_fingerprint(cordoned, pods) != base
     assert cluster_fingerprint({**nodes, "c": NodeState("c", gpus="8")}, pods) != base
     assert cluster_fingerprint({**nodes, "b": NodeState("b", gpus="4")}, pods) != base
+    labelled = {**nodes, "b": NodeState("b", gpus="8", labels=(("pool", "decode"),))}
+    assert cluster_fingerprint(labelled, pods) != base
     node = {
         "metadata": {"name": "a"},
         "spec": {},

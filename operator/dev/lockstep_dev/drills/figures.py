@@ -223,6 +223,13 @@ def router_figures(
         )
 
 
+def group_seconds_short(samples: Sequence[tuple[float, int]], since: float = 0.0) -> float:
+    """Capacity lost: the groups a role served below its wanted count, integrated over
+    time, from (time, groups short) samples at or after `since`."""
+    mine = [(t, n) for t, n in samples if t >= since]
+    return sum(n * (nxt - at) for (at, n), (nxt, _) in itertools.pairwise(mine))
+
+
 def out_of_service(samples: Sequence[tuple[float, bool]]) -> float:
     """Seconds without a serving leader, from (time, serving) samples."""
     total = 0.0

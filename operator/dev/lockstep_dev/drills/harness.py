@@ -128,6 +128,9 @@ class Drill:
         # Whether decode/0 had a serving (Ready, not deleting) leader, sampled by a
         # scenario's `watch` (the node-drain drill's).
         self.serving: list[tuple[float, bool]] = []
+        # (time, serving groups short of the role's wanted count), sampled by a
+        # scenario's `watch` (the spares drill's capacity figure).
+        self.capacity: list[tuple[float, int]] = []
         # When each group was first seen Retiring (by poll(); the scale drill's figure).
         self.retiring_since: dict[str, float] = {}
         # Through the router: what each serving group holds while idle (/v1/loads).

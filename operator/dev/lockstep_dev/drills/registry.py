@@ -21,6 +21,7 @@ from lockstep_dev.drills.scenarios import (
     scale,
     sequence,
     slow,
+    spares,
     stuck_step,
     unplaceable,
 )
@@ -46,6 +47,7 @@ REGISTRY = MappingProxyType(
             node_drain.SCENARIO,
             unplaceable.SCENARIO,
             scale.SCENARIO,
+            spares.SCENARIO,
             ha.SCENARIO,
         )
     }

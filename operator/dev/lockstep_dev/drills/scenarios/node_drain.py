@@ -53,6 +53,12 @@ def overrides(drill: Drill) -> dict[str, Any]:
 
 def prepare(drill: Drill) -> None:
     """Label and taint 4 idle nodes as the decode pool before the deployment exists."""
+    make_pool(drill, 4)
+
+
+def make_pool(drill: Drill, size: int) -> None:
+    """Label and taint `size` idle nodes as the decode pool (only decode pods land there:
+    the operator, the router and prefill stay off the nodes a drill drains)."""
     core = drill.cluster.core()
     nodes = sorted(drill.nodes())
     busy = {
@@ -60,9 +66,9 @@ def prepare(drill: Drill) -> None:
         for p in core.list_pod_for_all_namespaces().items
         if p.spec is not None and p.spec.node_name
     }
-    pool = [n for n in nodes if n not in busy][:4]
-    if len(pool) < 4:
-        raise RuntimeError(f"need 4 idle nodes for the decode pool, have {pool}")
+    pool = [n for n in nodes if n not in busy][:size]
+    if len(pool) < size:
+        raise RuntimeError(f"need {size} idle nodes for the decode pool, have {pool}")
     for n in pool:
         core.patch_node(
             n,
