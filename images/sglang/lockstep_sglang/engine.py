@@ -29,7 +29,7 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
-from lockstep_sglang import pins
+from lockstep_sglang import pins, timeline
 from lockstep_sglang.config import RuntimeConfig
 
 logger = logging.getLogger("lockstep_sglang.engine")
@@ -86,6 +86,7 @@ SERVER_ARGS_READ = (*UNSUPPORTED_FLAGS, "tokenizer_worker_num", "pp_size", "node
 
 def run(config: RuntimeConfig, sglang_argv: list[str]) -> int:
     """Check, then serve until SGLang stops; returns the exit code."""
+    timeline.mark(config.state_dir, "engine_start")
     report = check_pins(config.sglang_version)
     if not report.ok:
         return refuse(report.message())
@@ -93,6 +94,8 @@ def run(config: RuntimeConfig, sglang_argv: list[str]) -> int:
     from sglang.srt.server_args import prepare_server_args
 
     from lockstep_sglang import server_hooks
+
+    timeline.mark(config.state_dir, "sglang_imported")
 
     load_plugins()  # as sglang.launch_server does
     server_args = prepare_server_args(sglang_argv)

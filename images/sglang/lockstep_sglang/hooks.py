@@ -61,7 +61,7 @@ from sglang.srt.utils import common as sglang_common
 from sglang.srt.utils import rank_consensus_checker as rcc
 from sglang.utils import TypeBasedDispatcher
 
-from lockstep_sglang import gloo_timeout
+from lockstep_sglang import gloo_timeout, timeline
 from lockstep_sglang.collectives import (
     CollectiveTracer,
     patch_everywhere,
@@ -196,10 +196,18 @@ def _decision_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return hooked
 
 
+_looped = False
+
+
 def _iteration_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        global _looped
         rt = _runtime
         if rt is not None:
+            if not _looped:  # the model is loaded and the KV cache allocated
+                _looped = True
+                timeline.mark(None if _config is None else _config.state_dir, "scheduler_loop",
+                              rank=rt.rank)  # fmt: skip
             rt.state.begin_iteration()
             fault = rt.fault()
             if fault is not None and fault.kind == "hang":

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from types import FrameType
 
+from lockstep_sglang import timeline
 from lockstep_sglang.agent import RESTART_EXIT_CODE, RESTART_SIGNAL, kill_pod_processes
 from lockstep_sglang.config import EPOCH_ENV, RuntimeConfig, resolve_epoch
 from lockstep_sglang.rank_state import (
@@ -102,6 +103,7 @@ def _restarted(signum: int, _frame: FrameType | None) -> None:
     # The agent has already killed every other process of the container; exit now,
     # without cleanup that could wait on them (os._exit: no atexit, no joins).
     with contextlib.suppress(Exception):
+        timeline.mark(None, "restarted")
         sys.stdout.flush()
         print(f"lockstep: {signal.Signals(signum).name}: restarted in place", file=sys.stderr)
         sys.stderr.flush()
@@ -181,6 +183,7 @@ def supervise(
             return code
         record = engine_exit(engine.pid, code, hold_s=config.exit_hold_s, now=time.time())
         write_engine_exit(config.state_dir, record)
+        timeline.mark(config.state_dir, "engine_ended", code=code)
         # SGLang's own teardown may leave a scheduler behind (a wedged rank ignores
         # SIGTERM); nothing of this incarnation may keep running.
         stray = kill_pod_processes(os.getpid(), [], spare=keep)
@@ -245,6 +248,7 @@ def run_server(config: RuntimeConfig, sglang_argv: list[str]) -> int:
     """Start the agent and the engine; supervise; return the container's exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s lockstep %(message)s")
     config.state_dir.mkdir(parents=True, exist_ok=True)
+    timeline.mark(config.state_dir, "container_start")
     archive_previous(config.state_dir)
     try:
         epoch, sglang_argv = resolve_epoch(config.state_dir, sglang_argv)

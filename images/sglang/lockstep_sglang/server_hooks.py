@@ -41,7 +41,7 @@ from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.utils import is_health_check_generate_req
 from sglang.utils import TypeBasedDispatcher
 
-from lockstep_sglang import hooks
+from lockstep_sglang import hooks, timeline
 from lockstep_sglang.config import RuntimeConfig
 from lockstep_sglang.failover import Failover, HeldRequest, end_everything
 from lockstep_sglang.failover import add_routes as add_failover_routes
@@ -82,6 +82,7 @@ _config: RuntimeConfig | None = None
 _route_added = False
 
 _gate: ProbeGate | None = None
+_probed_ok = False  # the first deep probe that passed is a start-up milestone
 
 
 def _tokenizer_manager() -> Any:
@@ -269,6 +270,10 @@ async def probe_route(request: Request) -> JSONResponse:
         return JSONResponse({"ok": False, "error": "timeout must be seconds"}, status_code=400)
     outcome = await gate.probe(timeout_s)
     status = {"ok": 200, "timeout": 504}.get(outcome["status"], 500)
+    global _probed_ok
+    if status == 200 and not _probed_ok:
+        _probed_ok = True
+        timeline.mark(cfg.state_dir, "probe_ok")
     return JSONResponse(dict(outcome), status_code=status)
 
 

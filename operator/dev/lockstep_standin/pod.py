@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from lockstep_sglang import timeline
 from lockstep_sglang.agent import RESTART_EXIT_CODE, PodAgent, RestartOrder
 from lockstep_sglang.config import resolve_epoch
 from lockstep_sglang.launcher import engine_exit
@@ -199,6 +200,7 @@ class Pod:
         s = self.settings
         s.pod_dir.mkdir(parents=True, exist_ok=True)
         s.runtime.state_dir.mkdir(parents=True, exist_ok=True)
+        timeline.mark(s.runtime.state_dir, "container_start")
         # The last incarnation's evidence (a consensus failure) survives this restart.
         archive_previous(s.runtime.state_dir)
         mark_incarnation(s.runtime.state_dir, s.epoch)
@@ -282,6 +284,7 @@ class Pod:
 
         signal.signal(signal.SIGTERM, stop)
         hold_s = self.settings.runtime.exit_hold_s
+        timeline.mark(self.settings.runtime.state_dir, "engine_ended", code=code)
         write_engine_exit(
             self.settings.runtime.state_dir,
             engine_exit(self.procs[rank].pid, code, hold_s=hold_s, now=time.time()),
@@ -306,6 +309,7 @@ class Pod:
     def restart(self, order: RestartOrder) -> None:
         """The agent's restart action (its thread): kill every local rank, exit 75 now."""
         self.restarting = order
+        timeline.mark(self.settings.runtime.state_dir, "restarted")
         try:
             logger.warning(
                 "restart in place into epoch %s (from %s): %s; killing ranks %s",

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from lockstep_sglang import gloo_timeout
+from lockstep_sglang import gloo_timeout, timeline
 from lockstep_sglang.consensus import create_dedicated_groups
 from lockstep_sglang.faults import FAULT_FILE, FaultWatcher
 from lockstep_sglang.probe import ProbeRequest, drop_expired
@@ -138,6 +138,7 @@ class Scheduler:
     def run(self) -> None:
         """Serve until the process ends (it never returns)."""
         state, recorder = self.runtime.state, self.runtime.recorder
+        timeline.mark(self.spec.state_dir, "scheduler_loop", rank=self.rank)
         while True:
             self.iteration += 1
             state.begin_iteration()

@@ -56,7 +56,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from lockstep_sglang import __version__
+from lockstep_sglang import __version__, timeline
 from lockstep_sglang.failover import (
     RETRYABLE_STATUS,
     Failover,
@@ -908,6 +908,10 @@ def build_app(frontend: Frontend) -> FastAPI:
             return JSONResponse({"ok": False, "error": "timeout must be seconds"}, status_code=400)
         outcome = await frontend.gate.probe(timeout_s)
         status = {"ok": 200, "timeout": 504}.get(outcome["status"], 500)
+        if status == 200 and not probed_ok:
+            probed_ok.append(True)
+            timeline.mark(settings.runtime.state_dir, "probe_ok")
         return JSONResponse(dict(outcome), status_code=status)
 
+    probed_ok: list[bool] = []  # the first deep probe that passed is a start-up milestone
     return app
