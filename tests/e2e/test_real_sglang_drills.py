@@ -45,3 +45,17 @@ def test_real_servers_recover_from_a_desync_a_hang_and_a_killed_rank_through_the
         assert fo["loads_after"]["decode/1"] == fo["loads_before"]["decode/1"], step
     # The other decode group served throughout (the router's requests all landed there).
     assert result.requests["router"]["sent"] > result.requests["router"]["failed"]
+
+
+@pytest.mark.timeout(1500)
+def test_a_real_warm_spare_takes_a_desynced_groups_place_within_three_seconds() -> None:
+    # decode serves one real TP2 group beside one real TP2 spare: the spare is admitted
+    # within 3 s of the verdict, the desynced group restarts into the spare, and no
+    # request reaches it from the verdict on.
+    result = Drill("spares", engine="sglang").run()
+    print(result.to_json())
+    assert result.passed, f"{result.reason}\n{result.to_json()}"
+    (desync,) = result.steps
+    assert desync["verdict_to_full_capacity_s"] <= 3.0 and desync["spares_after"] == [0]
+    assert desync["requests_to_decode0_after_verdict"] == 0
+    assert desync["requests_failed"] == 0

@@ -60,6 +60,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "sequence",
         "pod-delete",
         "operator-crash",
+        "spares",
     )
     assert NODE_SCENARIOS == ("node-drain", "unplaceable", "spares")
 
