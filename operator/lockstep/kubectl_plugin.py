@@ -193,6 +193,7 @@ def status_view(pdd: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: 
                     "role": role,
                     "group": g.get("index"),
                     "state": g.get("state"),
+                    "spare": bool(g.get("spare", False)),
                     "epoch": g.get("epoch", 0),
                     "restarts": g.get("restarts", 0),
                     "readyPods": g.get("readyPods", 0),
@@ -304,7 +305,7 @@ def format_status(view: Mapping[str, Any]) -> str:
         age = probe.get("ageSeconds")
         groups.add_row(
             f"{g['role']}/{g['group']}",
-            str(g["state"]),
+            f"{g['state']} (spare)" if g.get("spare") else str(g["state"]),
             str(g["epoch"]),
             str(g["restarts"]),
             f"{g['readyPods']}/{g['pods']}",

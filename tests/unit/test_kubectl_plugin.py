@@ -83,6 +83,14 @@ def test_status_runtime_comes_from_status_when_recorded_else_from_the_pods() -> 
     assert kp.status_view(stored(), [], NOW)["groups"][0]["runtime"] is None
 
 
+def test_status_marks_the_warm_spares() -> None:
+    groups = SCENE.status["decode"]["groups"]
+    spare = [groups[0], {**groups[1], "state": "Healthy", "spare": True}]
+    view = kp.status_view(stored(status__decode__groups=spare), SCENE.pods, NOW)
+    assert [g["spare"] for g in view["groups"]] == [False, False, True]
+    assert rows(kp.format_status(view), "decode/1")[0][1:3] == ["Healthy (spare)", "1"]
+
+
 def test_status_json_is_the_view() -> None:
     view = kp.status_view(stored(), SCENE.pods, NOW)
     again = json.loads(json.dumps(view))
