@@ -51,6 +51,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "unplaceable",
         "scale",
         "spares",
+        "capacity",
         "ha",
     }
     assert REAL_SGLANG_SCENARIOS == (
@@ -61,8 +62,9 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "pod-delete",
         "operator-crash",
         "spares",
+        "capacity",
     )
-    assert NODE_SCENARIOS == ("node-drain", "unplaceable", "spares")
+    assert NODE_SCENARIOS == ("node-drain", "unplaceable", "spares", "capacity")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))

@@ -73,6 +73,7 @@ class Drill:
         step_bounds: Mapping[str, Any] | None = None,
         sequence: Sequence[tuple[str, FaultKind]] | None = None,
         keep_going: bool = False,
+        spares: int = 0,
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
         audit log for the least-privilege drill); `router` puts the real sglang-router in
@@ -83,7 +84,8 @@ class Drill:
         `step_bounds`: the deployment's `health.stepBounds` (None: the drill deployment's,
         `{}`: the defaults); `sequence`: the incidents of the sequence scenario (default:
         the engine's); `keep_going`: the sequence goes on after an incident that failed
-        its checks (a benchmark measures every one)."""
+        its checks (a benchmark measures every one); `spares`: decode's warm spares in
+        the capacity scenario (its figures with and without one)."""
         definition = lookup(scenario)
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
@@ -96,6 +98,7 @@ class Drill:
         self.engine = engine
         self.sequence = tuple(sequence) if sequence is not None else None
         self.keep_going = keep_going
+        self.spares = spares
         self.slow_steps = tuple(slow_steps) if slow_steps is not None else None
         self.step_bounds = None if step_bounds is None else dict(step_bounds)
         real = engine == "sglang"

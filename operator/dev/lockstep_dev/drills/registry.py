@@ -9,6 +9,7 @@ from lockstep_dev.drills.scenario import Scenario
 from lockstep_dev.drills.scenarios import (
     agent_down,
     baseline,
+    capacity,
     concurrent,
     desync,
     flapping,
@@ -48,6 +49,7 @@ REGISTRY = MappingProxyType(
             unplaceable.SCENARIO,
             scale.SCENARIO,
             spares.SCENARIO,
+            capacity.SCENARIO,
             ha.SCENARIO,
         )
     }
