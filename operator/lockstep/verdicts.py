@@ -195,6 +195,8 @@ class PodView:
     node: str | None = None
     # Why the scheduler could not place it ("reason: message"; None: not refused).
     unschedulable: str | None = None
+    # Its name slot (`lockstep.dev/slot`: 0 `<group>-<rank>`, 1 `<group>b-<rank>`).
+    slot: int = 0
 
 
 ProbeStatus = Literal["ok", "failed", "timeout"]
@@ -329,6 +331,7 @@ def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
         gate=None if gate is None else gate.get("status") == "True",
         node=(pod.get("spec") or {}).get("nodeName") or None,
         unschedulable=_unschedulable(conditions.get("PodScheduled")),
+        slot=1 if pod_labels.get(c.LABEL_SLOT) == "1" else 0,
     )
 
 

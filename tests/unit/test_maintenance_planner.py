@@ -77,6 +77,7 @@ class MoveSim(Sim):
                 phase="Running" if node else "Pending",
                 container_running=node is not None,
                 unschedulable=None if node else "Unschedulable: 0/3 nodes are available",
+                slot=slot,
             )
 
     def apply(self, group: int, actions: list) -> None:  # type: ignore[override]
@@ -202,6 +203,10 @@ def test_no_room_elsewhere_falls_back_to_draining_first_one_group_at_a_time() ->
         assert all(p.node in ("node-a", "node-b") for p in sim.view(g))
     closed = [a.incident for a in sim.actions(CloseIncident, 0) if isinstance(a, CloseIncident)]
     assert "draining first" in closed[-1].action
+    # Recreated under the names no old pod had: a drain retrying its evictions by name
+    # never evicts a new pod.
+    for g in (0, 1):
+        assert all(p.name.startswith(f"m-decode-{g}b-") for p in sim.view(g)), sim.view(g)
 
 
 def test_maintenance_off_leaves_the_group_alone() -> None:

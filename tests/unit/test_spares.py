@@ -118,6 +118,16 @@ def test_a_scale_up_promotes_the_ready_spare_at_once() -> None:
     assert sim.step(2) is Step.HEALTHY
 
 
+def test_a_scale_up_with_a_new_group_promotes_the_spare_and_the_new_group_stands_by() -> None:
+    sim = with_spares()
+    sim.serving, sim.groups = 3, 4  # replicas 2 -> 3, spares 1: a fourth group is asked for
+    sim.pods[3] = {}
+    sim.records[3] = new_group_record("decode", 3, now=sim.now)
+    plan = sim.round()
+    assert plan.first == {2} and gates(sim, 2) == {True}
+    assert sim.records[2].spare is False and sim.records[3].spare is True
+
+
 def test_more_serving_groups_than_replicas_stand_one_down_through_a_drain() -> None:
     sim = with_spares()
     sim.serving = 1

@@ -142,7 +142,10 @@ def wait_first_pass(r: Round, v: GroupVerdict | None) -> None:
     if v is not None and v.verdict is Verdict.HEALTHY:
         r.goto(Step.READMITTING)
         return
-    if v is not None and v.is_failure and v.signals & BROKEN_SIGNALS:
+    unplaced = any(p.node is None for p in r.current_pods() if not p.deleting)
+    if v is not None and v.is_failure and v.signals & BROKEN_SIGNALS and not unplaced:
+        # A pod the scheduler has not placed is no rank down: the epoch is placement's
+        # (withdrawn whole at schedulingTimeoutSeconds, `placement.expired`).
         attempt_failed(r, v)
         return
     deadline = r.rec.epoch_started_at + r.s.health.startup_grace_seconds

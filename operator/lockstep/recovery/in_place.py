@@ -97,12 +97,22 @@ def recreate(
     culprits: set[str],
     *,
     avoid: Sequence[str] = (),
+    other_slot: bool = False,
 ) -> None:
+    """Delete the group's pods, then create the next epoch (avoiding the culprits' nodes
+    and `avoid` when it can). `other_slot`: under the group's other pod names (a move
+    off a node being drained: `kubectl drain` retries its evictions by pod name, and would
+    evict a new pod that took an old one's name)."""
     # Snapshot the pods to delete before the first delete: every retry of the delete
     # then names the same UIDs, whatever the API server shows by then.
     nodes = {p.node for p in r.pods() if p.name in culprits and p.node} | set(avoid)
+    slot = r.rec.slot
+    if other_slot:  # the slot none of the pods being deleted has (a failed move's too)
+        used = {p.slot for p in r.pods()}
+        slot = next((s for s in (1 - r.rec.slot, r.rec.slot) if s not in used), 1 - slot)
     r.goto(
         Step.DELETING,
+        slot=slot,
         restart=r.rec.restart.model_copy(
             update={
                 "mode": "Recreate",

@@ -291,10 +291,10 @@ def reconciler_may_create_pods(record: GroupRecord) -> bool:
 def status_state(record: GroupRecord) -> GroupState:
     """The group's `state` for status and `kubectl get` (models.GroupState)."""
     step = record.step
+    if step is Step.UNSCHEDULABLE:  # a move that cannot be placed says so too
+        return "Unschedulable"
     if step in MOVE_STEPS or (record.maintenance and step not in _STEP_STATE):
         return "Moving"
-    if step is Step.UNSCHEDULABLE:
-        return "Unschedulable"
     if step is Step.RETIRING:
         return "Retiring"
     if step is Step.STANDING_DOWN:

@@ -162,7 +162,7 @@ def on_awaiting_restart(r: Round, v: GroupVerdict | None) -> None:
             r, f"recreate the whole group on other nodes (maintenance: {rec.maintenance})"
         )
         manual.done(r)
-        in_place.recreate(r, set(), avoid=rec.move.nodes)
+        in_place.recreate(r, set(), avoid=rec.move.nodes, other_slot=True)
         return
     why_not = in_place.why_not_in_place(r)
     budget.count_restart(r)

@@ -160,6 +160,19 @@ def before(
                 f"spare group {j} took its place; it moves off its nodes and stands by "
                 "as the role's spare",
             )
+    # A group that never served yet (a scale-up's new group) waits for its first probe;
+    # a ready spare serves now: it takes the new group's place, the new group stands by.
+    for i in sorted(staying, reverse=True):
+        rec = d.records[i]
+        if rec.spare or rec.step is not Step.STARTING:
+            continue
+        j = _pick(d, facts, taken)
+        if j is None:
+            break
+        taken.add(j)
+        _promote(d, d.records[j], facts[j], f"in place of group {i}, still starting", now,
+                 gate=False)  # fmt: skip
+        d.records[i] = rec.model_copy(update={"spare": True})
     serving_now = sorted(i for i in staying if not d.records[i].spare)
     excess = len(serving_now) - serving
     if excess > 0:

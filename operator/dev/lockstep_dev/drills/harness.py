@@ -134,6 +134,8 @@ class Drill:
         # (time, serving groups short of the role's wanted count), sampled by a
         # scenario's `watch` (the spares drill's capacity figure).
         self.capacity: list[tuple[float, int]] = []
+        # Groups a fault was injected into and no verdict yet: they serve nothing.
+        self.down: set[str] = set()
         # When each group was first seen Retiring (by poll(); the scale drill's figure).
         self.retiring_since: dict[str, float] = {}
         # Through the router: what each serving group holds while idle (/v1/loads).

@@ -28,7 +28,7 @@ from lockstep_dev.drills.restart import Checks
 from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario
 from lockstep_dev.drills.scenarios.node_drain import DRILL_POOL, make_pool
 from lockstep_dev.drills.scenarios.scale import kubectl_scale
-from lockstep_dev.drills.scenarios.spares import serving_groups, watch
+from lockstep_dev.drills.scenarios.spares import serving_groups, serving_index, watch
 from lockstep_dev.faults import FaultKind
 from lockstep_dev.localcluster.maintenance import start_drain, uncordon
 
@@ -92,10 +92,6 @@ def verdict_on(drill: Drill, key: str, seen: int) -> Callable[[], bool]:
     return lambda: drill.incident(key, closed=False, after=seen) is not None
 
 
-def serving_index(drill: Drill) -> int:
-    return min(i for i, ok in serving_groups(drill).items() if ok)
-
-
 def step_figures(drill: Drill, name: str, started: float, whole_at: float) -> dict[str, Any]:
     return {
         "step": name,
@@ -112,9 +108,11 @@ def act(drill: Drill) -> None:
         seen = drill.incident_count(f"decode/{target}")
         started = time.time()
         drill.result.injected_at = drill.first_injection = drill.first_injection or started
-        drill.inject(kind, f"decode/{target}")
         key = f"decode/{target}"
+        drill.down.add(key)
+        drill.inject(kind, key)
         drill.wait(verdict_on(drill, key, seen), 120, f"a verdict on {key}")
+        drill.down.discard(key)
         drill.wait(whole(drill, drill.spares), timeout, f"decode whole after the {kind}")
         drill.result.steps.append({**step_figures(drill, kind, started, time.time()),
                                    "group": target})  # fmt: skip

@@ -2,11 +2,12 @@
 cluster with no free GPU (a decode pool of six one-GPU nodes for three TP2 groups), with
 traffic through the router. One cluster, three things in a row:
 
-1. a desync in decode/0: the spare is admitted within 3 s of the verdict (the role is
-   back to its two serving groups), decode/0 restarts and becomes the spare, and no
-   request reaches decode/0 from the verdict on;
-2. `kubectl drain` of a node of decode/1: the spare (decode/0 now) takes over with no
-   moment below two serving groups, the drain completes, decode/1 becomes the spare and
+1. a desync in a serving group: the spare is admitted within 3 s of the verdict (the
+   role is back to its two serving groups), the broken group restarts and becomes the
+   spare, and no request reaches it from the verdict on;
+2. `kubectl drain` of a node of a serving group: the spare (the desynced group now)
+   takes over with no moment below two serving groups, the drain completes, the drained
+   group becomes the spare and
    cannot be placed (no free GPU): it waits with no pod and creates none while nothing
    changes, then comes back as the spare once the node is uncordoned;
 3. `kubectl scale` of decode to 3: the spare is admitted within 3 s; the new group is
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from lockstep import constants as c
-from lockstep_dev.drills.deployment import NAME, NAMESPACE, group_key, required_node_terms
+from lockstep_dev.drills.deployment import NAME, NAMESPACE, required_node_terms
 from lockstep_dev.drills.figures import group_seconds_short, ts
 from lockstep_dev.drills.restart import Checks
 from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario
@@ -76,8 +77,16 @@ def prepare(drill: Drill) -> None:
     make_pool(drill, 6)
 
 
+# Steps of a group that serves (its leader admitted): in service, just admitted, or
+# moving with its old pods serving. Suspect (failing probes) and every recovery step do not.
+SERVING_STEPS = ("Healthy", "Readmitting", "Moving", "HandingOver")
+
+
 def serving_groups(drill: Drill) -> dict[int, bool]:
-    """Decode groups whose leader is admitted (readiness gate true, not being deleted)."""
+    """Decode groups that serve: the leader admitted (readiness gate true, not being
+    deleted), the group in a serving step, and not one a fault was just injected into
+    (`Drill.down`: broken before the operator could tell)."""
+    records = drill.records()
     out: dict[int, bool] = {}
     sel = f"{drill.selector},{c.LABEL_ROLE}=decode,{c.LABEL_RANK}=0"
     for pod in drill.cluster.pods(NAMESPACE, sel):
@@ -88,7 +97,9 @@ def serving_groups(drill: Drill) -> dict[int, bool]:
             cond.get("type") == c.READINESS_GATE and cond.get("status") == "True"
             for cond in (pod.get("status") or {}).get("conditions") or []
         )
-        out[index] = out.get(index, False) or gate
+        step = str((records.get(f"decode/{index}") or {}).get("step", "Starting"))
+        ok = gate and step in SERVING_STEPS and f"decode/{index}" not in drill.down
+        out[index] = out.get(index, False) or ok
     return out
 
 
@@ -102,6 +113,39 @@ def watch(drill: Drill) -> None:
 def full_since(drill: Drill, since: float) -> float | None:
     """The first sample at or after `since` with the role at full serving count."""
     return next((t for t, short in drill.capacity if t >= since and short == 0), None)
+
+
+def story(drill: Drill, key: str, last: int = 12) -> str:
+    """For a failed wait: the group's record and its last Events, oldest first."""
+    role, index = key.split("/")
+    mine = f"{role} group {index}:"
+    events = sorted(
+        (e for e in drill.cluster.events(NAMESPACE) if mine in str(e.get("message"))),
+        key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""),
+    )
+    said = [
+        f"{e.get('reason')}: {str(e.get('message'))[len(mine) :].strip()[:200]}" for e in events
+    ]
+    pods = [
+        (
+            p["metadata"]["name"],
+            p["metadata"]["labels"].get(c.LABEL_EPOCH),
+            p["spec"].get("nodeName"),
+            (p.get("status") or {}).get("phase"),
+            bool(p["metadata"].get("deletionTimestamp")),
+        )
+        for p in drill.cluster.pods(NAMESPACE, f"{drill.selector},{c.LABEL_ROLE}={role},"
+                                    f"{c.LABEL_GROUP}={index}")
+    ]  # fmt: skip
+    return f"{key} record {drill.records().get(key)}; pods {pods}; events {said[-last:]}"
+
+
+def waited(drill: Drill, key: str, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """`drill.wait`, whose timeout also tells the group's story."""
+    try:
+        return drill.wait(predicate, timeout, what)
+    except TimeoutError as err:
+        raise TimeoutError(f"{err}; {story(drill, key)}") from None
 
 
 def spare_of(drill: Drill) -> list[int]:
@@ -124,88 +168,106 @@ def arrivals_at(drill: Drill, index: int, since: float) -> int:
     )
 
 
+def serving_index(drill: Drill) -> int:
+    """The lowest-numbered decode group that serves."""
+    return min(i for i, ok in serving_groups(drill).items() if ok)
+
+
 def desync_step(drill: Drill, checks: Checks) -> None:
-    """A desync in decode/0 with the spare (the highest group) standing by."""
-    spare = serving_wanted(drill)
+    """A desync in a serving decode group with one spare standing by."""
     before = spare_of(drill)
-    checks.append((before == [spare], f"the spares before the desync are {before}"))
-    checks.append((arrivals_at(drill, spare, 0.0) == 0, "the spare received requests"))
-    seen = drill.incident_count("decode/0")
+    checks.append((len(before) == 1, f"the spares before the desync are {before}"))
+    if not before:
+        return
+    spare = before[0]
+    checks.append((arrivals_at(drill, spare, 0.0) == 0, f"the spare decode/{spare} got requests"))
+    target = serving_index(drill)
+    key = f"decode/{target}"
+    seen = drill.incident_count(key)
     drill.result.injected_at = drill.first_injection = time.time()
-    drill.inject("desync", "decode/0")
+    drill.down.add(key)
+    drill.inject("desync", key)
     inc = drill.wait(
-        lambda: drill.incident("decode/0", closed=False, after=seen), 60, "a verdict on decode/0"
+        lambda: drill.incident(key, closed=False, after=seen), 60, f"a verdict on {key}"
     )
+    drill.down.discard(key)  # from the verdict on, its record says
     verdict_at = ts(inc.get("detectedTime")) or time.time()
     drill.wait(lambda: full_since(drill, verdict_at) is not None, 30, "full serving capacity")
     full = full_since(drill, verdict_at) or time.time()
     promoted_s = round(full - verdict_at, 2)
     drill.note(f"verdict {inc.get('verdict')}: decode at full serving capacity {promoted_s}s after")
-    drill.wait(healthy_spare(drill, 0), drill.timeout_s, "decode/0 restarted, standing by")
-    closed = drill.incident("decode/0", after=seen) or {}
-    drill.note(f"decode/0 standing by as the spare: {closed.get('action')}")
+    waited(drill, key, healthy_spare(drill, target), drill.timeout_s, f"{key} standing by")
+    closed = drill.incident(key, after=seen) or {}
+    drill.note(f"{key} standing by as the spare: {closed.get('action')}")
     time.sleep(2)
-    late = arrivals_at(drill, 0, verdict_at + 1)  # a second of slack for the drain itself
+    late = arrivals_at(drill, target, verdict_at + 1)  # a second of slack for the drain
     assert drill.traffic is not None
     failed = [o for o in drill.traffic.failures() if o.sent_at >= drill.first_injection]
     drill.result.steps.append(
         {
             "fault": "desync",
+            "group": target,
+            "spare_before": spare,
             "verdict": inc.get("verdict"),
             "verdict_to_full_capacity_s": promoted_s,
-            "requests_to_decode0_after_verdict": late,
+            "requests_to_the_group_after_verdict": late,
             "requests_failed": len(failed),
             "spares_after": spare_of(drill),
         }
     )
     checks += [
         (promoted_s <= PROMOTION_BOUND_S, f"full capacity {promoted_s}s after the verdict"),
-        (spare_of(drill) == [0], f"the spares after the desync are {spare_of(drill)}"),
-        (late == 0, f"{late} request(s) reached decode/0 after its verdict"),
+        (spare_of(drill) == [target], f"the spares after the desync are {spare_of(drill)}"),
+        (late == 0, f"{late} request(s) reached {key} after its verdict"),
         ("spare" in str(closed.get("action")), f"incident action {closed.get('action')}"),
         (not failed, f"{len(failed)} request(s) failed around the desync"),
     ]
 
 
 def drain_step(drill: Drill, checks: Checks) -> None:
-    """`kubectl drain` of decode/1's follower node in the full pool."""
-    pods = drill.group_pods("decode/1")
+    """`kubectl drain` of a serving group's follower node in the full pool."""
+    target = serving_index(drill)
+    key = f"decode/{target}"
+    pods = drill.group_pods(key)
     follower = next(p for p in pods if p["metadata"]["labels"].get(c.LABEL_RANK) == "1")
     node = str(follower["spec"]["nodeName"])
     assert drill.cluster.cp is not None
     started = time.time()
     with start_drain(drill.cluster.cp.kubeconfig, node, timeout_s=180) as drain:
-        drill.note(f"kubectl drain {node} (under decode/1); no free GPU in the decode pool")
+        drill.note(f"kubectl drain {node} (under {key}); no free GPU in the decode pool")
         drill.wait(lambda: not drain.running, 200, "kubectl drain to finish")
         done = drain.wait(5)
     drill.note(f"kubectl drain exited {done.returncode} after {done.seconds:.1f}s")
-    drill.wait(
+    waited(
+        drill,
+        key,
         lambda: (
-            drill.groups("decode").get(1, {}).get("state") == "Unschedulable"
-            and not drill.group_pods("decode/1")
+            drill.groups("decode").get(target, {}).get("state") == "Unschedulable"
+            and not drill.group_pods(key)
         ),
         120,
-        "decode/1 waiting unplaced with no pod",
+        f"{key} waiting unplaced with no pod",
     )
-    epoch = int(drill.groups("decode")[1].get("epoch", 0))
+    epoch = int(drill.groups("decode")[target].get("epoch", 0))
     uids: set[str] = set()
     idle_from = time.time()
     while time.time() - idle_from < IDLE_WATCH_S:
         drill.poll()
-        uids |= drill.uids("decode/1")
+        uids |= drill.uids(key)
         time.sleep(0.5)
     created = len(uids)
-    epoch_after = int(drill.groups("decode")[1].get("epoch", 0))
+    epoch_after = int(drill.groups("decode")[target].get("epoch", 0))
     short = group_seconds_short(drill.capacity, started)
     uncordon(drill.cluster.cp.kubeconfig, node)
     drill.note(f"kubectl uncordon {node}")
     back_from = time.time()
-    drill.wait(healthy_spare(drill, 1), drill.timeout_s, "decode/1 placed again, standing by")
+    waited(drill, key, healthy_spare(drill, target), drill.timeout_s, f"{key} standing by")
     back_s = round(time.time() - back_from, 2)
     assert drill.traffic is not None
     failed = [o for o in drill.traffic.failures() if o.sent_at >= started]
     drill.result.maintenance = {
         "node": node,
+        "group": target,
         "drain_exit_code": done.returncode,
         "cordon_to_drain_complete_s": round(done.seconds, 2),
         "group_seconds_short": round(short, 2),
@@ -220,29 +282,25 @@ def drain_step(drill: Drill, checks: Checks) -> None:
         (done.returncode == 0, f"kubectl drain failed: {done.output[-400:]}"),
         (short == 0.0, f"decode served {short:.2f} group-seconds short during the drain"),
         (created == 0 and epoch_after == epoch, f"{created} pod(s) created while unplaceable"),
-        (spare_of(drill) == [1], f"the spares after the drain are {spare_of(drill)}"),
+        (spare_of(drill) == [target], f"the spares after the drain are {spare_of(drill)}"),
         (not failed, f"{len(failed)} request(s) failed around the drain"),
     ]
 
 
 def scale_step(drill: Drill, checks: Checks) -> None:
-    """decode scaled 2 -> 3: the spare (decode/1) admitted at once, a new spare asked."""
+    """decode scaled 2 -> 3: the spare admitted at once, a new spare asked for."""
+    (spare,) = spare_of(drill)
     started = time.time()
     kubectl_scale(drill, "decode", 3)
-    drill.wait(
-        lambda: int((drill.status().get("decode") or {}).get("replicas", 0)) == 3,
-        30,
-        "decode wanting 3 serving groups",
-    )
-    drill.wait(lambda: full_since(drill, started) is not None, 30, "three serving groups")
-    full = full_since(drill, started) or time.time()
-    promoted_s = round(full - started, 2)
+    drill.wait(lambda: sum(serving_groups(drill).values()) >= 3, 30, "three serving groups")
+    promoted_s = round(time.time() - started, 2)
     new = drill.wait(lambda: drill.groups("decode").get(3), 30, "a new decode group")
     drill.note(f"decode at 3 serving groups {promoted_s}s after kubectl scale; new group {new}")
     drill.result.scaling.append(
         {
             "role": "decode",
             "scaled": [2, 3],
+            "spare_before": spare,
             "scale_to_full_capacity_s": promoted_s,
             "new_group": {k: new.get(k) for k in ("index", "state", "spare")},
         }
@@ -250,7 +308,7 @@ def scale_step(drill: Drill, checks: Checks) -> None:
     checks += [
         (promoted_s <= PROMOTION_BOUND_S, f"3 serving groups {promoted_s}s after the scale"),
         (bool(new.get("spare")), f"the new group is not the spare: {new}"),
-        (serving_groups(drill).get(1) is True, "decode/1 (the spare) was not admitted"),
+        (serving_groups(drill).get(spare) is True, f"decode/{spare} (the spare) not admitted"),
     ]
 
 
@@ -261,8 +319,7 @@ def act(drill: Drill) -> None:
         drain_step(drill, checks)
     if drill.engine == "standin" and all(ok for ok, _ in checks):
         scale_step(drill, checks)
-    incidents = [i for i in drill.status().get("incidents") or [] if group_key(i) == "decode/0"]
-    drill.result.incidents = incidents
+    drill.result.incidents = list(drill.status().get("incidents") or [])
     drill.conclude(checks)
 
 
