@@ -34,15 +34,6 @@ def test_kubectl_drain_of_a_decode_node_moves_the_group_make_before_break() -> N
     assert m["epoch"][1] == m["epoch"][0] + 1
 
 
-@pytest.mark.timeout(600)
-def test_an_epoch_the_scheduler_cannot_place_is_withdrawn_whole_and_retried() -> None:
-    r = drill("unplaceable")
-    m = r.maintenance
-    assert m["pods_left_when_withdrawn"] == 0 and m["unschedulable_events"] >= 1
-    assert m["schedulable_condition"]["status"] == "False"
-    assert m["restarts"] == 1 and r.other_groups_failed == 0
-
-
 @pytest.mark.timeout(900)
 def test_kubectl_scale_on_each_role_scales_with_no_request_lost() -> None:
     r = drill("scale")
@@ -66,7 +57,10 @@ def test_a_warm_spare_keeps_capacity_through_a_desync_a_drain_and_a_scale_up() -
     assert desync["requests_to_the_group_after_verdict"] == 0 and desync["requests_failed"] == 0
     m = r.maintenance
     assert m["drain_exit_code"] == 0 and m["group_seconds_short"] == 0
+    # The moved group could not be placed: withdrawn whole (as the `unplaceable` drill
+    # shows on its own), said so, no restart counted, no pod created while waiting.
     assert m["pods_created_while_unplaceable"] == 0 and m["spares_after"] == [m["group"]]
-    assert m["requests_failed"] == 0
+    assert m["schedulable_condition"]["status"] == "False" and m["unschedulable_events"] >= 1
+    assert m["restarts"][0] == m["restarts"][1] and m["requests_failed"] == 0
     (scale,) = r.scaling
     assert scale["scale_to_full_capacity_s"] <= 3.0 and scale["new_group"]["spare"]

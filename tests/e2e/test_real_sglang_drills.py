@@ -3,15 +3,17 @@
 Every SGLang pod of the drill deployment runs the product's own launcher and the real
 server on CPU (one prefill group of TP1, two decode groups of TP2, each spanning two
 pods; PD over mooncake TCP), behind the real sglang-router, with the real operator. One
-cluster, three incidents in decode group 0, each recovered before the next: a desync
-forced into one rank's decisions (restarted in place), a rank wedged in the request
-broadcast (the group failed again within the escalation window: recreated), a killed
-rank (recreated). For each, as a user of the served model sees it (a client that waits
-two minutes): every request the incident caught ended 200 and none waited more than 15 s
-past the verdict; a long stream on the group ended with SGLang's own abort event; the
-groups that stayed hold what they held before (SGLang's /v1/loads). The stand-in drills
-(test_drills.py, test_router_drills.py) cover the other scenarios; where the two engines
-differ, the stand-in is wrong.
+cluster, two incidents in decode group 0, each recovered before the next: a desync
+forced into one rank's decisions (restarted in place), then a rank wedged in the request
+broadcast (the group failed again within the escalation window: recreated). For each,
+as a user of the served model sees it (a client that waits two minutes): every request
+the incident caught ended 200 and none waited more than 15 s past the verdict; a long
+stream on the group ended with SGLang's own abort event; the groups that stayed hold
+what they held before (SGLang's /v1/loads). A second cluster runs a warm spare beside
+one serving decode group: a desync there is answered by the spare within 3 s. A killed
+rank on the real engine is measured by benchmarks/failover.py (README); the stand-in
+drills (test_drills.py, test_router_drills.py) cover the other scenarios; where the two
+engines differ, the stand-in is wrong.
 """
 
 from __future__ import annotations
@@ -22,14 +24,13 @@ from lockstep_dev.drills import Drill
 
 
 @pytest.mark.timeout(2400)
-def test_real_servers_recover_from_a_desync_a_hang_and_a_killed_rank_through_the_router() -> None:
+def test_real_servers_recover_from_a_desync_and_a_hang_through_the_router() -> None:
     result = Drill("sequence", engine="sglang").run()
     print(result.to_json())
     assert result.passed, f"{result.reason}\n{result.to_json()}"
-    desync, hang, killed = result.steps
+    desync, hang = result.steps
     assert (desync["verdict"], desync["restart_mode"]) == ("Desynced", "InPlace")
     assert (hang["verdict"], hang["restart_mode"]) == ("Hung", "Recreate")
-    assert (killed["verdict"], killed["restart_mode"]) == ("RankDown", "Recreate")
     for step in result.steps:
         # A desync and a dead rank act at once; a hang after three failed probes (2 s).
         assert step["time_to_detect_s"] < 20, step

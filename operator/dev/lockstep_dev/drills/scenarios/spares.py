@@ -8,8 +8,10 @@ traffic through the router. One cluster, three things in a row:
 2. `kubectl drain` of a node of a serving group: the spare (the desynced group now)
    takes over with no moment below two serving groups, the drain completes, the drained
    group becomes the spare and
-   cannot be placed (no free GPU): it waits with no pod and creates none while nothing
-   changes, then comes back as the spare once the node is uncordoned;
+   cannot be placed (no free GPU): withdrawn whole (the Schedulable condition and a
+   GroupUnschedulable Event say why, no restart counted), it waits with no pod and
+   creates none while nothing changes, then comes back as the spare once the node is
+   uncordoned;
 3. `kubectl scale` of decode to 3: the spare is admitted within 3 s; the new group is
    the new spare, and waits unplaced (still no free GPU) holding nothing.
 
@@ -249,6 +251,16 @@ def drain_step(drill: Drill, checks: Checks) -> None:
         f"{key} waiting unplaced with no pod",
     )
     epoch = int(drill.groups("decode")[target].get("epoch", 0))
+    restarts = int(drill.groups("decode")[target].get("restarts", 0))
+    schedulable: dict[str, Any] = next(
+        (x for x in drill.status().get("conditions") or [] if x["type"] == "Schedulable"), {}
+    )
+    withdrawn = [
+        e
+        for e in drill.cluster.events(NAMESPACE)
+        if e.get("reason") == "GroupUnschedulable"
+        and f"decode group {target}:" in str(e.get("message"))
+    ]
     uids: set[str] = set()
     idle_from = time.time()
     while time.time() - idle_from < IDLE_WATCH_S:
@@ -276,14 +288,22 @@ def drain_step(drill: Drill, checks: Checks) -> None:
         "uncordon_to_standing_by_s": back_s,
         "requests_failed": len(failed),
         "spares_after": spare_of(drill),
+        "schedulable_condition": schedulable,
+        "unschedulable_events": len(withdrawn),
+        "restarts": [restarts, int(drill.groups("decode")[target].get("restarts", 0))],
     }
     drill.note(f"maintenance figures: {json.dumps(drill.result.maintenance)}")
+    said = str(schedulable.get("message"))
     checks += [
         (done.returncode == 0, f"kubectl drain failed: {done.output[-400:]}"),
         (short == 0.0, f"decode served {short:.2f} group-seconds short during the drain"),
         (created == 0 and epoch_after == epoch, f"{created} pod(s) created while unplaceable"),
         (spare_of(drill) == [target], f"the spares after the drain are {spare_of(drill)}"),
         (not failed, f"{len(failed)} request(s) failed around the drain"),
+        (schedulable.get("status") == "False", f"Schedulable condition {schedulable}"),
+        ("Insufficient nvidia.com/gpu" in said, f"no scheduler reason in {said!r}"),
+        (bool(withdrawn), "no GroupUnschedulable Event"),
+        (drill.result.maintenance["restarts"][1] == restarts, "the move counted as a restart"),
     ]
 
 
