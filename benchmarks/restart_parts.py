@@ -6,10 +6,10 @@ drill) and from the start-up timeline every pod's runtime keeps
 (`lockstep_sglang.timeline`, in the pod's state dir), for the incarnation after the
 restart:
 
-- `operator_before_restart_s`: verdict to the restart ask (drain, evidence, restart slot);
-- `container_end_s`: the ask to the old container's end (`restarted`);
-- `container_start_s`: the old container's end to the new one's first line
-  (`container_start`: the kubelet restarting it);
+- `operator_before_restart_s`: verdict to the first pod told to restart (`restarted`:
+  drain, evidence, the restart slot, the ask);
+- `container_restart_s`: that to the last new container's first line
+  (`container_start`: the old containers ending, the kubelet starting them again);
 - `launcher_s`: that to the engine process started (`engine_start`);
 - `imports_s`: the engine's pin check and SGLang's imports (`sglang_imported`);
 - `model_load_s`: that to every scheduler of the group in its loop (`scheduler_loop`:
@@ -63,17 +63,15 @@ def parts(result: Any, timelines: dict[str, list[dict[str, Any]]]) -> dict[str, 
     verdict = ts(inc.get("detectedTime"))
     assert verdict is not None
     phases = result.phases
-    asked = verdict + sum(
-        phases.get(p, 0.0) for p in ("Draining", "CapturingEvidence", "AwaitingRestart")
-    )
-    readmitted = asked + sum(
-        phases.get(p, 0.0) for p in ("RestartingInPlace", "WaitingProbe", "Readmitting")
-    )
+    # The end of the recovery as the drill sampled the steps (every 0.25 s).
+    readmitted = verdict + sum(phases.values())
+    asked: float | None = None
     marks: dict[str, float] = {}
     for events in timelines.values():
         ended = first(events, "restarted", verdict)
         if ended is None:
             continue
+        asked = ended if asked is None else min(asked, ended)
         row = {
             "restarted": ended,
             "container_start": first(events, "container_start", ended),
@@ -87,8 +85,7 @@ def parts(result: Any, timelines: dict[str, list[dict[str, Any]]]) -> dict[str, 
                 marks[key] = max(marks.get(key, at), at)
     chain = [
         ("operator_before_restart_s", verdict, asked),
-        ("container_end_s", asked, marks.get("restarted")),
-        ("container_start_s", marks.get("restarted"), marks.get("container_start")),
+        ("container_restart_s", asked, marks.get("container_start")),
         ("launcher_s", marks.get("container_start"), marks.get("engine_start")),
         ("imports_s", marks.get("engine_start") or marks.get("container_start"),
          marks.get("sglang_imported")),

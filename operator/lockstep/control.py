@@ -600,7 +600,7 @@ def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
         return agent_token(deps, pdd, namespace)
 
     rolling = _rolling_group(role, seen.stale, records)
-    cluster = cluster_fingerprint(seen.nodes, seen.pods)
+    cluster = _cluster(mem, seen)
     inputs = {}
     for g in range(span):
         group_pods = seen.by_group.get((role, g), [])
@@ -632,6 +632,20 @@ def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
             cluster=cluster,
         )
     return Judged(replicas, records, inputs, serving)
+
+
+# Steps of a group still looking for room: its pods come and go with its placement
+# attempts, which are no change of the cluster for another group waiting for room (two
+# unplaceable groups would otherwise wake each other forever).
+_PLACING = (Step.STARTING, Step.CREATING, Step.WAITING_PROBE, Step.UNSCHEDULABLE, Step.MOVING)
+
+
+def _cluster(mem: Memory, seen: Seen) -> str:
+    """The round's `maintenance.cluster_fingerprint`: every node, and the pods of this
+    deployment's groups that are not themselves being placed."""
+    placing = {(str(r.role), r.index) for r in mem.records.values() if r.step in _PLACING}
+    pods = [p for gid, group in seen.by_group.items() if gid not in placing for p in group]
+    return cluster_fingerprint(seen.nodes, pods)
 
 
 def _execute(

@@ -45,7 +45,9 @@ def test_kubectl_scale_on_each_role_scales_with_no_request_lost() -> None:
 
 
 @pytest.mark.timeout(900)
-def test_a_warm_spare_keeps_capacity_through_a_desync_a_drain_and_a_scale_up() -> None:
+def test_a_warm_spare_keeps_capacity_through_a_desync_a_drain_and_a_scale_up_and_none_churns() -> (
+    None
+):
     # One cluster with no free GPU: the spare takes a desynced group's place within 3 s
     # of the verdict and the broken group becomes the spare; a drained node's group hands
     # over with no moment short of capacity and then waits unplaced creating nothing
@@ -64,3 +66,6 @@ def test_a_warm_spare_keeps_capacity_through_a_desync_a_drain_and_a_scale_up() -
     assert m["restarts"][0] == m["restarts"][1] and m["requests_failed"] == 0
     (scale,) = r.scaling
     assert scale["scale_to_full_capacity_s"] <= 3.0 and scale["new_group"]["spare"]
+    # Without a ready spare a drained group waits unplaced, creating nothing, then is back.
+    alone = m["without_spare"]
+    assert alone["pods_created_while_unplaceable"] == 0 and alone["group_seconds_short"] > 0

@@ -15,6 +15,8 @@ from lockstep.recovery import (
     DeletePods,
     EmitEvent,
     GroupInput,
+    IncidentKind,
+    IncidentRecord,
     RestartInPlace,
     SetGate,
     Step,
@@ -23,6 +25,15 @@ from lockstep.recovery import (
 )
 from lockstep.status import derive_status
 from lockstep.verdicts import PodView
+
+MOVE_INCIDENT = IncidentRecord(
+    id="decode-0-1",
+    kind=IncidentKind.MAINTENANCE,
+    epoch=0,
+    reason="node-0 cordoned",
+    first_failure_at=T0,
+    detected_at=T0,
+)
 
 
 def with_spares(groups: int = 3, serving: int = 2, **cfg: object) -> Sim:
@@ -154,6 +165,20 @@ def test_a_maintenance_move_hands_over_to_the_spare_and_drains_the_old_group_aft
     assert sim.records[0].spare and sim.step(0) is Step.DRAINING
     assert sim.records[0].maintenance == "node-0 cordoned"
     assert [e for e in sim.actions(EmitEvent, 0) if "took its place" in e.message]
+
+
+def test_a_move_that_drains_first_hands_over_to_a_spare_ready_later() -> None:
+    # No spare ready when the move starts: the group drains first (out of service);
+    # a spare that turns ready meanwhile takes its place at once.
+    sim = with_spares()
+    sim.round({2: "timeout"})  # the spare is Suspect: not ready
+    rec = sim.records[0]
+    sim.records[0] = rec.model_copy(
+        update={"step": Step.AWAITING_RESTART, "incident": MOVE_INCIDENT}
+    )
+    sim.round({2: "ok"})  # Healthy again: ready
+    assert sim.records[2].spare is False and gates(sim, 2) == {True}
+    assert sim.records[0].spare is True
 
 
 def test_plan_role_without_a_serving_count_makes_no_spares() -> None:

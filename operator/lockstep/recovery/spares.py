@@ -16,8 +16,8 @@ the role's records around the per-group rounds (`dispatch.plan_role`):
     for a failure, then a serving group, which stands down (out of every router, its
     requests finish, bounded by `maintenance.drainTimeoutSeconds`).
 - `after` (on the planned records): a serving group this round (or earlier) took out
-  of service for a failure or a restart request hands over to a ready spare, admitted at
-  once; the broken group goes on with its restart and stands by as the spare once its
+  of service (a failure, a restart request, a move that drains first) hands over to a
+  ready spare, admitted at once; the broken group goes on with its restart and stands by as the spare once its
   new epoch passes the deep probe. The promoted groups' actions run first (`first`), so
   the spare is in the routers before the broken group's requests are ended and retried.
 
@@ -42,7 +42,6 @@ from lockstep.recovery.record import Drain, GroupRecord, refs
 from lockstep.recovery.steps import (
     BROKEN_STEPS,
     RECHECK_SECONDS,
-    IncidentKind,
     Reason,
     Step,
 )
@@ -87,14 +86,10 @@ def ready(rec: GroupRecord, inp: GroupInput) -> bool:
 
 
 def out_for_failure(rec: GroupRecord) -> bool:
-    """A serving group out of service for a failure or a restart request."""
-    inc = rec.incident
-    return (
-        not rec.spare
-        and inc is not None
-        and inc.kind is not IncidentKind.MAINTENANCE
-        and rec.step in OUT_STEPS
-    )
+    """A serving group out of service: for a failure, a restart request, or a move that
+    drains first (no room to make before break); a move whose old pods still serve
+    (`Moving`, `HandingOver`) is in service."""
+    return not rec.spare and rec.incident is not None and rec.step in OUT_STEPS
 
 
 def _leaving(rec: GroupRecord, inp: GroupInput) -> bool:

@@ -13,7 +13,10 @@ traffic through the router. One cluster, three things in a row:
    creates none while nothing changes, then comes back as the spare once the node is
    uncordoned;
 3. `kubectl scale` of decode to 3: the spare is admitted within 3 s; the new group is
-   the new spare, and waits unplaced (still no free GPU) holding nothing.
+   the new spare, and waits unplaced (still no free GPU) holding nothing;
+4. `kubectl drain` under a serving group again, now with no spare ready: the group
+   drains first (capacity is lost: the figure), waits unplaced creating nothing, and
+   the role serves three groups again once the node is uncordoned.
 
 On the real SGLang engine (three TP2 servers would not start beside the prefill on two
 cores in time) decode serves one group beside one spare and the drill runs the first
@@ -332,6 +335,64 @@ def scale_step(drill: Drill, checks: Checks) -> None:
     ]
 
 
+def drain_without_spare_step(drill: Drill, checks: Checks) -> None:
+    """`kubectl drain` under a serving group with no spare ready (the new one has no
+    room): the group cannot be moved make-before-break, drains first and waits unplaced,
+    creating nothing, until the node is back; then the role serves three groups again."""
+    target = serving_index(drill)
+    key = f"decode/{target}"
+    follower = next(
+        p for p in drill.group_pods(key) if p["metadata"]["labels"].get(c.LABEL_RANK) == "1"
+    )
+    node = str(follower["spec"]["nodeName"])
+    assert drill.cluster.cp is not None
+    started = time.time()
+    with start_drain(drill.cluster.cp.kubeconfig, node, timeout_s=180) as drain:
+        drill.note(f"kubectl drain {node} (under {key}); no spare ready, no free GPU")
+        waited(
+            drill,
+            key,
+            lambda: (
+                drill.groups("decode").get(target, {}).get("state") == "Unschedulable"
+                and not drill.group_pods(key)
+            ),
+            180,
+            f"{key} waiting unplaced with no pod",
+        )
+        uids: set[str] = set()
+        idle_from = time.time()
+        while time.time() - idle_from < IDLE_WATCH_S:
+            drill.poll()
+            uids |= drill.uids(key)
+            time.sleep(0.5)
+        drill.wait(lambda: not drain.running, 200, "kubectl drain to finish")
+        done = drain.wait(5)
+    short = group_seconds_short(drill.capacity, started)
+    uncordon(drill.cluster.cp.kubeconfig, node)
+    drill.note(f"kubectl uncordon {node}")
+    back_from = time.time()
+    waited(
+        drill, key, lambda: sum(serving_groups(drill).values()) >= 3, drill.timeout_s,
+        "three serving groups again",
+    )  # fmt: skip
+    back_s = round(time.time() - back_from, 2)
+    figures = {
+        "node": node,
+        "group": target,
+        "drain_exit_code": done.returncode,
+        "group_seconds_short": round(short, 2),
+        "pods_created_while_unplaceable": len(uids),
+        "uncordon_to_serving_s": back_s,
+    }
+    drill.result.maintenance["without_spare"] = figures
+    drill.note(f"drain without a spare: {json.dumps(figures)}")
+    checks += [
+        (done.returncode == 0, f"kubectl drain failed: {done.output[-400:]}"),
+        (not uids, f"{len(uids)} pod(s) created while {key} could not be placed"),
+        (short > 0.0, "no capacity lost without a spare: the drill did not drain a group"),
+    ]
+
+
 def act(drill: Drill) -> None:
     checks: Checks = []
     desync_step(drill, checks)
@@ -339,6 +400,8 @@ def act(drill: Drill) -> None:
         drain_step(drill, checks)
     if drill.engine == "standin" and all(ok for ok, _ in checks):
         scale_step(drill, checks)
+    if drill.engine == "standin" and all(ok for ok, _ in checks):
+        drain_without_spare_step(drill, checks)
     drill.result.incidents = list(drill.status().get("incidents") or [])
     drill.conclude(checks)
 
