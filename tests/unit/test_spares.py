@@ -139,6 +139,17 @@ def test_a_scale_up_with_a_new_group_promotes_the_spare_and_the_new_group_stands
     assert sim.records[2].spare is False and sim.records[3].spare is True
 
 
+def test_a_second_spare_asked_for_starts_as_a_spare_and_nothing_is_handed_over() -> None:
+    sim = with_spares()
+    sim.groups = 4  # spares 1 -> 2
+    sim.pods[3] = {}
+    sim.records[3] = new_group_record("decode", 3, now=sim.now)
+    plan = sim.round()
+    assert plan.first == frozenset() and sim.records[3].spare
+    assert [sim.step(i) for i in range(3)] == [Step.HEALTHY] * 3
+    assert not any(r in ("SparePromoted", "GroupStandingDown") for r in sim.reasons())
+
+
 def test_more_serving_groups_than_replicas_stand_one_down_through_a_drain() -> None:
     sim = with_spares()
     sim.serving = 1

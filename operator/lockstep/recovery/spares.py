@@ -155,6 +155,14 @@ def before(
                 f"spare group {j} took its place; it moves off its nodes and stands by "
                 "as the role's spare",
             )
+    # New groups beyond the serving count are spares from their start.
+    new = sorted(
+        (i for i in staying if not d.records[i].spare and d.records[i].step is Step.STARTING),
+        reverse=True,
+    )
+    excess = sum(1 for i in staying if not d.records[i].spare) - serving
+    for i in new[: max(0, excess)]:
+        d.records[i] = d.records[i].model_copy(update={"spare": True})
     # A group that never served yet (a scale-up's new group) waits for its first probe;
     # a ready spare serves now: it takes the new group's place, the new group stands by.
     for i in sorted(staying, reverse=True):

@@ -93,9 +93,12 @@ def verdict_on(drill: Drill, key: str, seen: int) -> Callable[[], bool]:
 
 
 def step_figures(drill: Drill, name: str, started: float, whole_at: float) -> dict[str, Any]:
+    short = [t for t, n in drill.capacity if started <= t <= whole_at and n > 0]
     return {
         "step": name,
         "group_seconds_short": round(group_seconds_short(drill.capacity, started), 2),
+        # From the fault to the last moment the role served short of its count.
+        "short_until_s": round(short[-1] - started, 2) if short else 0.0,
         "fault_to_whole_s": round(whole_at - started, 2),
     }
 
