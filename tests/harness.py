@@ -122,6 +122,9 @@ class FakeKubelet:
         self.names: dict[str, str] = {}  # uid -> name
         self.restarts: dict[str, int] = {}  # uid -> container restarts
         self.default_mode: str = "healthy"
+        # A termination message every new pod's container ends with, exit status 2, as a
+        # runtime that refuses to start (None: the pods run).
+        self.refusal: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.errors: list[str] = []
@@ -179,6 +182,11 @@ class FakeKubelet:
                 continue
             if "lockstep.dev/rank" not in labels:
                 continue
+            if self.refusal is not None:
+                if meta.uid not in self.names:
+                    self.names[meta.uid] = meta.name
+                    self.report_refused(meta.name, self.refusal)
+                continue
             rank = int(labels["lockstep.dev/rank"])
             fake = FakePod(next_address(), first_rank=rank, leader=rank == 0)
             fake.set_mode(self.default_mode)  # type: ignore[arg-type]
@@ -222,6 +230,45 @@ class FakeKubelet:
             ],
         }
         self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+
+    def report_refused(self, name: str, message: str) -> None:
+        status = report_refused_status(message)
+        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
+
+
+def report_refused_status(message: str, restarts: int = 3) -> dict[str, Any]:
+    """The status of a pod whose container refused to start, over and over (exit status 2,
+    its termination message kept in the last state), as a kubelet reports it."""
+    ended = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "phase": "Running",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "sglang",
+                "image": "sglang",
+                "imageID": "",
+                "ready": False,
+                "restartCount": restarts,
+                "started": False,
+                "state": {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": "back-off restarting failed container sglang",
+                    }
+                },
+                "lastState": {
+                    "terminated": {
+                        "exitCode": 2,
+                        "reason": "Error",
+                        "message": message,
+                        "startedAt": ended,
+                        "finishedAt": ended,
+                    }
+                },
+            }
+        ],
+    }
 
 
 def install_crd(plane: Any) -> None:

@@ -132,6 +132,8 @@ class Memory:
     router_swept_at: float | None = None  # the last sweep of the routers' registries
     # Gates set but not yet in the cache, and the router registrations asked for.
     routers: RouterBook = field(default_factory=RouterBook)
+    # Runtime refusals already told in an Event: (pod UID, container restart count).
+    refusals: set[tuple[str, int]] = field(default_factory=set)
     # The rank states each incident's evidence capture read (by incident id), judged
     # with the group's observations while it waits in CapturingEvidence.
     captured: dict[str, tuple[AgentReport, ...]] = field(default_factory=dict)
@@ -648,6 +650,27 @@ def _cluster(mem: Memory, seen: Seen) -> str:
     return cluster_fingerprint(seen.nodes, pods)
 
 
+def _tell_refusals(mem: Memory, seen: Seen, exe: Execution) -> None:
+    """A `RuntimeRefused` Event for each pod whose runtime refused to start, once per
+    container restart (the container's termination message says why; status shows it
+    too)."""
+    told = set()
+    for (role, g), group in sorted(seen.by_group.items()):
+        for pod in group:
+            view = pod_view_from_k8s(pod)
+            if view.refusal is None:
+                continue
+            key = (view.uid, view.refusal_restart)
+            told.add(key)
+            if key not in mem.refusals:
+                exe.events(
+                    "Warning",
+                    view.refusal.split(":", 1)[0],
+                    f"{role} group {g}: pod {view.name}: {view.refusal}",
+                )
+    mem.refusals = told
+
+
 def _execute(
     mem: Memory,
     seen: Seen,
@@ -659,6 +682,7 @@ def _execute(
     actions in order, the new epochs, the reconcile plan, the disruption budgets, the
     router's objects and registries."""
     exe.apply_scale_targets(seen.resolutions)
+    _tell_refusals(mem, seen, exe)
     records: dict[str, GroupRecord] = {}
     actions: list[Action] = []
     requeue: float | None = None

@@ -104,6 +104,14 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Open incidents",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        # Why the deployment is degraded (a group's runtime refusing to start, broken or
+        # quarantined groups); empty while it is not.
+        "name": "Problem",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Degraded")].message',
+        "description": "Why the deployment is degraded (the Degraded condition's message)",
+    },
 ]
 
 

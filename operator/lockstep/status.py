@@ -123,6 +123,8 @@ def derive_status(
     operator replica and since when (leader election), None with one replica."""
     gen = pdd.metadata.generation
     roles: dict[str, RoleStatus] = {}
+    # Groups whose runtime refused to start (a container's termination message).
+    refused: list[str] = []
     for role in c.ROLES:
         groups = []
         for rec in sorted(records.values(), key=lambda r: r.index):
@@ -134,6 +136,9 @@ def derive_status(
                 if label(p, c.LABEL_EPOCH) == str(rec.epoch)
             ]
             last = probes.get((role, rec.index))
+            refusal = next((v.refusal for v in map(pod_view_from_k8s, current) if v.refusal), None)
+            if refusal is not None:
+                refused.append(f"{role}/{rec.index}: {refusal}")
             groups.append(
                 GroupStatus(
                     index=rec.index,
@@ -157,7 +162,8 @@ def derive_status(
                     if rec.budget.last_restart_at is None
                     else rfc3339(rec.budget.last_restart_at),
                     spare=rec.spare,
-                    message=rec.placement.unschedulable
+                    message=refusal
+                    or rec.placement.unschedulable
                     or rec.maintenance
                     or rec.detection.last_reason,
                 )
@@ -218,10 +224,19 @@ def derive_status(
         condition(
             old_conditions,
             "Degraded",
-            bool(quarantined or broken),
-            "GroupsQuarantined" if quarantined else ("GroupsBroken" if broken else "AsExpected"),
-            (f"quarantined: {', '.join(quarantined)}; " if quarantined else "")
-            + (f"broken: {', '.join(broken)}" if broken else ""),
+            bool(quarantined or broken or refused),
+            "GroupsQuarantined"
+            if quarantined
+            else "RuntimeRefused"
+            if refused
+            else ("GroupsBroken" if broken else "AsExpected"),
+            "; ".join(
+                [
+                    *([f"quarantined: {', '.join(quarantined)}"] if quarantined else []),
+                    *refused,
+                    *([f"broken: {', '.join(broken)}"] if broken else []),
+                ]
+            ),
             now,
             gen,
         ),

@@ -197,6 +197,11 @@ class PodView:
     unschedulable: str | None = None
     # Its name slot (`lockstep.dev/slot`: 0 `<group>-<rank>`, 1 `<group>b-<rank>`).
     slot: int = 0
+    # Why lockstep's runtime refused to start in it (a container's termination message,
+    # `RuntimeRefused: ...` or `RuntimeInstallFailed: ...`; None: it did not), and the
+    # container restart that said so (one Event per refusal).
+    refusal: str | None = None
+    refusal_restart: int = 0
 
 
 ProbeStatus = Literal["ok", "failed", "timeout"]
@@ -332,7 +337,30 @@ def pod_view_from_k8s(pod: Mapping[str, Any]) -> PodView:
         node=(pod.get("spec") or {}).get("nodeName") or None,
         unschedulable=_unschedulable(conditions.get("PodScheduled")),
         slot=1 if pod_labels.get(c.LABEL_SLOT) == "1" else 0,
+        **_refusal([*(status.get("initContainerStatuses") or []), *statuses]),
     )
+
+
+# The termination messages of lockstep's runtime refusing to start
+# (`lockstep_sglang.termination`, `lockstep_sglang.install`).
+REFUSAL_REASONS = ("RuntimeRefused", "RuntimeInstallFailed")
+
+
+def _refusal(statuses: Sequence[Any]) -> dict[str, Any]:
+    """`refusal` and `refusal_restart` of a pod: the newest termination message of a
+    container whose runtime refused to start (its state or its last state)."""
+    for s in statuses:
+        if not isinstance(s, Mapping):
+            continue
+        for key in ("state", "lastState"):
+            ended = (s.get(key) or {}).get("terminated") or {}
+            message = str(ended.get("message") or "").strip()
+            if message.split(":", 1)[0] in REFUSAL_REASONS:
+                return {
+                    "refusal": clip_evidence(message.splitlines()[0]),
+                    "refusal_restart": _int(s.get("restartCount", 0)),
+                }
+    return {}
 
 
 def _unschedulable(cond: Mapping[str, Any] | None) -> str | None:

@@ -509,3 +509,31 @@ def test_the_groups_disruption_budgets_are_put_back_and_kept_as_built(env: Env) 
         generation
     )
     assert log.read_text().count(f"patched PodDisruptionBudget {env.ns}/{name}") == patched
+
+
+def test_a_runtime_that_refuses_to_start_says_why_in_status_and_an_event(env: Env) -> None:
+    # Every container exits 2 with the launcher's termination message (the kubelet keeps
+    # it in the container's last state): the on-call engineer reads it in the group's
+    # status, the Degraded condition (`kubectl get pdd` shows it) and an Event.
+    why = "RuntimeRefused: this image runs SGLang 0.5.23, the deployment declares 0.5.22"
+    env.kubelet.refusal = why
+    apply_small(env)
+
+    def told() -> bool:
+        g = env.group("decode", 0)
+        degraded = next(
+            (c for c in env.status().get("conditions") or [] if c["type"] == "Degraded"), {}
+        )
+        events = [m for r, m in env.events() if r == "RuntimeRefused"]
+        return (
+            g.get("message") == why
+            and degraded.get("reason") == "RuntimeRefused"
+            and f"decode/0: {why}" in str(degraded.get("message"))
+            and any("decode group 0" in m and why in m for m in events)
+        )
+
+    wait_for(told, 20, "the refusal in status, the Degraded condition and an Event")
+    # One Event per pod and container restart, however many rounds see it.
+    time.sleep(3)
+    events = [m for r, m in env.events() if r == "RuntimeRefused"]
+    assert len(events) == 3, events  # prefill/0, decode/0's two pods

@@ -29,7 +29,7 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 
-from lockstep_sglang import pins, timeline
+from lockstep_sglang import pins, termination, timeline
 from lockstep_sglang.config import RuntimeConfig
 
 logger = logging.getLogger("lockstep_sglang.engine")
@@ -41,6 +41,7 @@ EXIT_FAILED = 1
 def refuse(message: str) -> int:
     """Print why the server will not start and return its exit code."""
     print(message, file=sys.stderr, flush=True)
+    termination.refused(message)  # the pod's status says it, not only the log
     return EXIT_REFUSED
 
 

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lockstep_sglang import __version__
+from lockstep_sglang import __version__, termination
 
 PACKAGE = Path(__file__).resolve().parent
 EXCLUDED = ("__pycache__",)
@@ -87,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         written = install(args.dest, py_spy)
     except OSError as err:
-        print(f"lockstep-runtime-install: cannot write {args.dest}: {err}", file=sys.stderr)
+        why = f"lockstep-runtime-install: cannot write {args.dest}: {err}"
+        print(why, file=sys.stderr)
+        termination.write("RuntimeInstallFailed", why)
         return 1
     for line in written:
         print(f"lockstep-runtime-install: {line}")

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from types import FrameType
 
-from lockstep_sglang import timeline
+from lockstep_sglang import termination, timeline
 from lockstep_sglang.agent import RESTART_EXIT_CODE, RESTART_SIGNAL, kill_pod_processes
 from lockstep_sglang.config import EPOCH_ENV, RuntimeConfig, resolve_epoch
 from lockstep_sglang.rank_state import (
@@ -80,6 +80,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def refuse(message: str) -> int:
     """Print why the launcher will not start and return its exit code."""
     print(message, file=sys.stderr, flush=True)
+    termination.refused(message)  # the pod's status says it, not only the log
     return EXIT_REFUSED
 
 

@@ -194,6 +194,8 @@ RUNTIME_GUARD_ENV: dict[str, str] = {
     "LOCKSTEP_PROBE_MAX_TIMEOUT_S": "bounds the deep probe's timeout",
     "LOCKSTEP_EXIT_HOLD_S": "is how long a pod keeps serving its evidence after the server ends",
     "LOCKSTEP_STATE_DIR": "is where the ranks publish the state the pod agent serves",
+    "LOCKSTEP_TERMINATION_LOG": "is where the runtime writes why it refused to start; the "
+    "operator reads it from the pod's status (the container's termination message)",
 }
 NCCL_GUARD_ENV: dict[str, str] = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "a timed-out NCCL collective no longer ends the "

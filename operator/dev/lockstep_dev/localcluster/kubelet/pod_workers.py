@@ -60,7 +60,12 @@ from lockstep_dev.localcluster.kubelet.runtime import (
     start_process,
 )
 from lockstep_dev.localcluster.kubelet.serviceaccounts import service_account_of
-from lockstep_dev.localcluster.kubelet.status import PodStatusManager, terminated_state
+from lockstep_dev.localcluster.kubelet.status import (
+    TERMINATION_ENV,
+    PodStatusManager,
+    terminated_state,
+    termination_message,
+)
 
 if TYPE_CHECKING:
     from lockstep_dev.localcluster.kubelet.kubelet import ProcessKubelet
@@ -278,6 +283,12 @@ class PodWorker(threading.Thread):
         except EngineError as exc:
             self._backoff(container, ("RunContainerError", str(exc)))
             return
+        # A process has no /dev/termination-log of its own: each container run gets a
+        # fresh file of the pod's directory, named in the variable lockstep's runtime
+        # reads (`lockstep_sglang.termination`), read back as the terminated state's
+        # message when the process ends (as a kubelet reads the mounted file).
+        container.termination_path.unlink(missing_ok=True)
+        env = {**env, TERMINATION_ENV: str(container.termination_path)}
         restart = container.restart_count + (1 if container.restart_pending else 0)
         try:
             process, started = start_process(
@@ -333,6 +344,7 @@ class PodWorker(threading.Thread):
             started_at=container.started_at,
             finished_at=rfc3339(time.time()),
             pid=process.pid,
+            message=termination_message(container.termination_path),
         )
         container.process = None
         return terminated

@@ -57,6 +57,11 @@ class PodContainer:
     def name(self) -> str:
         return str(self.spec["name"])
 
+    @property
+    def termination_path(self) -> Path:
+        """The file standing in for the container's /dev/termination-log."""
+        return self.log_path.with_name(f"{self.log_path.stem}.termination")
+
     def view(self) -> ContainerView:
         if self.process is not None:
             state: Obj = {"running": {"startedAt": self.started_at}}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,9 +39,27 @@ def exit_code(returncode: int) -> tuple[int, int | None]:
     return returncode, None
 
 
-def terminated_state(returncode: int, *, started_at: str, finished_at: str, pid: int) -> Obj:
+# Where a container's process writes its termination message (the runtime's variable).
+TERMINATION_ENV = "LOCKSTEP_TERMINATION_LOG"
+TERMINATION_MAX_BYTES = 4096  # the kubelet's cap
+
+
+def termination_message(path: Path) -> str | None:
+    """The termination message a container's process left (None: none, or unreadable)."""
+    try:
+        data = path.read_bytes()[:TERMINATION_MAX_BYTES]
+    except OSError:
+        return None
+    text = data.decode(errors="replace").strip()
+    return text or None
+
+
+def terminated_state(
+    returncode: int, *, started_at: str, finished_at: str, pid: int, message: str | None = None
+) -> Obj:
     """A container's `terminated` state for a process that exited with `returncode`
-    (a subprocess's: negative for a signal)."""
+    (a subprocess's: negative for a signal), with its termination message if it left
+    one."""
     code, sig = exit_code(returncode)
     terminated: Obj = {
         "exitCode": code,
@@ -51,6 +70,8 @@ def terminated_state(returncode: int, *, started_at: str, finished_at: str, pid:
     }
     if sig is not None:
         terminated["signal"] = sig
+    if message:
+        terminated["message"] = message
     return terminated
 
 
