@@ -200,8 +200,12 @@ def build_group_pods(
     *,
     avoid_nodes: Sequence[str] = (),
     slot: int = 0,
+    runtime_image: str | None = None,
 ) -> list[Obj]:
     """Every pod of one TP group in one epoch, rank 0 first.
+
+    `runtime_image`: the image the injected runtime is copied from for this group (the
+    one its pods already run, `runtime_of`), instead of `spec.runtime.image`.
 
     The spec-hash annotation names the template, not the epoch (it is the hash of the
     same pod in epoch 0), so a group restarted in place into a new epoch is not stale.
@@ -209,6 +213,9 @@ def build_group_pods(
     anti-affinity, after a group was recreated away from a failing rank's node); it is
     not part of the template either.
     """
+    if runtime_image is not None and pdd.spec.runtime.inject:
+        runtime = pdd.spec.runtime.model_copy(update={"image": runtime_image})
+        pdd = pdd.model_copy(update={"spec": pdd.spec.model_copy(update={"runtime": runtime})})
     pods = _group_pods(pdd, role_name, group, epoch, policy, slot)
     template = (
         pods if epoch == 0 and slot == 0 else _group_pods(pdd, role_name, group, 0, policy, 0)
@@ -436,6 +443,34 @@ def _group_pods(
             meta["annotations"]["sglang.ai/bootstrap-port"] = str(c.PORT_BOOTSTRAP)
         pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec})
     return pods
+
+
+def runtime_of(pod: Mapping[str, Any]) -> str | None:
+    """The image a pod's injected runtime was copied from (its runtime init container's
+    image); None for a pod without one (the runtime built into the SGLang image)."""
+    for init in (pod.get("spec") or {}).get("initContainers") or []:
+        if isinstance(init, Mapping) and init.get("name") == c.RUNTIME_VOLUME:
+            image = init.get("image")
+            return str(image) if image else None
+    return None
+
+
+def group_runtime(pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The runtime a group's pods run, as status shows it: the image its runtime was
+    copied from, or `<SGLang image> (built in)` when the image carries it; several
+    (a group between runtimes) joined; None without pods."""
+    images = set()
+    for pod in pods:
+        copied = runtime_of(pod)
+        if copied is not None:
+            images.add(copied)
+            continue
+        images.update(
+            f"{x.get('image')} (built in)"
+            for x in (pod.get("spec") or {}).get("containers") or []
+            if isinstance(x, Mapping) and x.get("name") == "sglang"
+        )
+    return ", ".join(sorted(images)) or None
 
 
 def _runtime_init_container(pdd: PDDeployment) -> Obj:

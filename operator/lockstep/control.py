@@ -54,13 +54,14 @@ from lockstep.models import (
     Incident,
     InvalidPDDeployment,
     PDDeployment,
+    RuntimeSpec,
     parse_pddeployment,
     with_runtime_image,
 )
 from lockstep.objects import label
 from lockstep.policy import PolicyResult, evaluate, watchdog_seconds
 from lockstep.prober import ProbeBook, ProbeSample, ProbeTarget
-from lockstep.reconcile import plan_reconcile, pods_by_group, stale_groups
+from lockstep.reconcile import kept_runtimes, plan_reconcile, pods_by_group, stale_groups
 from lockstep.records import (
     ANNOTATION_INCIDENTS,
     ANNOTATION_RECORDS,
@@ -436,11 +437,12 @@ def _run_round(
     mem = _memory(rt, key, body)
     old_conditions = list((mem.status or {}).get("conditions") or [])
     try:
-        pdd = with_runtime_image(parse_pddeployment(body), rt.runtime_image)
+        parsed = parse_pddeployment(body)
     except InvalidPDDeployment as err:
         status = invalid_status(meta.get("generation"), old_conditions, str(err), now)
         writes = _patch_status(rt, mem, namespace, name, status, now)
         return RoundResult(status, {}, None, [], writes)
+    pdd = with_runtime_image(parsed, rt.runtime_image)
     policy = evaluate(pdd.spec)
     if not policy.accepted:
         rejected = "; ".join(str(f) for f in policy.findings if f.action == "rejected")
@@ -449,7 +451,7 @@ def _run_round(
         return RoundResult(status, {}, None, [], writes)
 
     seen = _observe(rt, mem, key, body, pdd, policy, now, pods, services, deployments,
-                    nodes, scales, pdbs)  # fmt: skip
+                    nodes, scales, pdbs, parsed.spec.runtime)  # fmt: skip
     judged = {role: _judge(rt, mem, seen, role) for role in ROLES}
     plans = {
         role: plan_role(
@@ -495,6 +497,7 @@ class Seen:
     entries: Mapping[str, EvidenceEntry]
     resolutions: dict[Role, Resolution]
     stale: list[GroupId]
+    runtimes: dict[GroupId, str] = field(default_factory=dict)  # `reconcile.kept_runtimes`
 
     @property
     def namespace(self) -> str:
@@ -551,6 +554,7 @@ def _observe(
     nodes: Mapping[str, NodeState],
     scales: list[dict[str, Any]],
     pdbs: list[dict[str, Any]],
+    runtime: RuntimeSpec,
 ) -> Seen:
     assert rt.evidence is not None
     resolutions = {
@@ -558,21 +562,27 @@ def _observe(
         for role in ROLES
     }
     records = mem.records.values()
+    epochs = {(str(r.role), r.index): r.epoch for r in records}
+    slots = {(str(r.role), r.index): r.slot for r in records}
+    # Each running group keeps the runtime it runs (an operator upgrade restarts nothing).
+    runtimes = kept_runtimes(runtime, pods, epochs, slots)
     # Spec changes roll group by group (one restart request at a time), judged against
     # each group's own epoch and slot (the epoch is part of the pod template).
     stale = stale_groups(
         pdd,
         policy,
         pods,
-        {(str(r.role), r.index): r.epoch for r in records},
-        {(str(r.role), r.index): r.slot for r in records},
+        epochs,
+        slots,
         {
             str(role): res.replicas + (0 if pdd.spec.paused else pdd.spec.role(role).spares)
             for role, res in resolutions.items()
         },
+        runtimes,
     )
     return Seen(key, body, pdd, policy, now, pods, pods_by_group(pods), services, deployments,
-                nodes, scales, pdbs, rt.evidence.entries(*key), resolutions, stale)  # fmt: skip
+                nodes, scales, pdbs, rt.evidence.entries(*key), resolutions, stale,
+                runtimes)  # fmt: skip
 
 
 def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
@@ -733,6 +743,7 @@ def _execute(
         unguarded={
             (r.role, r.index) for r in records.values() if r.step is Step.QUARANTINED or r.spare
         },
+        runtimes=seen.runtimes,
     )
     exe.apply_reconcile(reconcile)
     exe.apply_pdbs(reconcile.pdbs, seen.pdbs)

@@ -55,6 +55,7 @@ from urllib3.exceptions import HTTPError as TransportError
 from lockstep import constants as c
 from lockstep import objects
 from lockstep.agent_client import AgentDataError, captured_ranks, captured_stacks
+from lockstep.builders import group_runtime
 from lockstep.evidence import EVIDENCE_MARK, EvidenceEntry, configmap_name, from_data
 from lockstep.records import ANNOTATION_RESTART, load_records
 from lockstep.recovery import GroupRecord
@@ -162,19 +163,7 @@ def _runtime(group: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str
     if isinstance(recorded, str) and recorded:
         return recorded
     current = [p for p in pods if objects.label(p, c.LABEL_EPOCH) == str(group.get("epoch"))]
-    images = set()
-    for pod in current or pods:
-        spec = pod.get("spec") or {}
-        init = [x for x in spec.get("initContainers") or [] if x.get("name") == c.RUNTIME_VOLUME]
-        if init:
-            images.add(str(init[0].get("image")))
-        else:
-            images.update(
-                f"{x.get('image')} (built in)"
-                for x in spec.get("containers") or []
-                if x.get("name") == "sglang"
-            )
-    return ", ".join(sorted(images)) or None
+    return group_runtime(current or pods)
 
 
 # ------------------------------------------------------------------------------ status

@@ -543,7 +543,16 @@ class RuntimeSpec(CRDModel):
     image: str | None = Field(
         None,
         description="The image the runtime is copied from (default: the operator's own "
-        "image, which carries it).",
+        "image, which carries it). Setting or changing it rolls every group onto it, one "
+        "group at a time.",
+    )
+    upgrade: Literal["OnRestart", "Rolling"] = Field(
+        "OnRestart",
+        description="When runtime.image is unset, what a new operator version does to "
+        "running groups: OnRestart keeps each group on the runtime it runs until it is "
+        "recreated anyway (a failure, a move, a spec change), so an operator upgrade "
+        "restarts nothing; Rolling moves the groups onto the operator's runtime now, one "
+        "at a time, as a spec change rolls.",
     )
     python: str = Field(
         "python3",
@@ -661,6 +670,11 @@ class GroupStatus(CRDModel):
     consecutive_failures: int = Field(0, ge=0, description="Failed probes in a row.")
     last_probe: ProbeResult | None = Field(None, description="The last deep probe.")
     last_restart_time: str | None = Field(None, description="Last restart (RFC 3339).")
+    runtime: str | None = Field(
+        None,
+        description="The lockstep runtime the group's pods run: the image it was copied "
+        "from, or the SGLang image's own (built in).",
+    )
     spare: bool = Field(
         False, description="A warm spare: kept out of every router until it is admitted."
     )

@@ -21,8 +21,9 @@ from lockstep.builders import (
     build_group_service,
     group_name,
     pod_slot,
+    runtime_of,
 )
-from lockstep.models import PDDeployment
+from lockstep.models import PDDeployment, RuntimeSpec
 from lockstep.objects import label
 from lockstep.policy import PolicyResult
 
@@ -73,6 +74,7 @@ def plan_reconcile(
     retiring: Collection[GroupId] = (),
     replicas: Mapping[str, int] | None = None,
     unguarded: Collection[GroupId] = (),
+    runtimes: Mapping[GroupId, str] | None = None,
 ) -> ReconcilePlan:
     """Plan the sync of pods, group Services and disruption budgets for one PDDeployment.
 
@@ -87,7 +89,9 @@ def plan_reconcile(
     node drain must not wait for them). Deleting the budget, not lowering it, is what lets
     the drain through: with minAvailable 0 the real API server still refused (429) to
     evict a pod of a quarantined group none of whose pods was ready (its status:
-    currentHealthy 0, desiredHealthy 0, disruptionsAllowed 0).
+    currentHealthy 0, desiredHealthy 0, disruptionsAllowed 0). `runtimes`: the runtime
+    image each group keeps (`kept_runtimes`): a missing pod of an epoch is made with the
+    runtime of the pods it joins.
     """
     plan = ReconcilePlan()
     observed = pods_by_group(pods)
@@ -115,6 +119,7 @@ def plan_reconcile(
                 policy.roles[role_name],
                 avoid_nodes=(avoid_nodes or {}).get(gid, ()),
                 slot=slot,
+                runtime_image=(runtimes or {}).get(gid),
             )
             group_pods = observed.get(gid, [])
             in_use = {slot} | {pod_slot(p) for p in group_pods}
@@ -160,11 +165,13 @@ def stale_groups(
     epochs: Mapping[GroupId, int],
     slots: Mapping[GroupId, int] | None = None,
     replicas: Mapping[str, int] | None = None,
+    runtimes: Mapping[GroupId, str] | None = None,
 ) -> list[GroupId]:
     """The groups whose pod template changed (a spec change to roll out, one group at a
     time, by recovery): a pod of the group's current epoch and slot whose spec hash
     differs from the desired pod of the same name. Missing pods are the verdicts'
-    business, and a group with pods of another epoch is not judged until they are gone."""
+    business, and a group with pods of another epoch is not judged until they are gone.
+    `runtimes`: the runtime image each group keeps (`kept_runtimes`), judged as its own."""
     observed = pods_by_group(pods)
     out: list[GroupId] = []
     for role_name in c.ROLES:
@@ -176,7 +183,13 @@ def stale_groups(
             if not have or any(label(p, c.LABEL_EPOCH) != str(epoch) for p in have):
                 continue
             want = build_group_pods(
-                pdd, role_name, group, epoch, policy.roles[role_name], slot=slot
+                pdd,
+                role_name,
+                group,
+                epoch,
+                policy.roles[role_name],
+                slot=slot,
+                runtime_image=(runtimes or {}).get(gid),
             )
             desired_hash = {
                 p["metadata"]["name"]: p["metadata"]["annotations"][c.ANNOTATION_SPEC_HASH]
@@ -188,6 +201,33 @@ def stale_groups(
                 for p in have
             ):
                 out.append(gid)
+    return out
+
+
+def kept_runtimes(
+    runtime: RuntimeSpec,
+    pods: Sequence[Obj],
+    epochs: Mapping[GroupId, int],
+    slots: Mapping[GroupId, int] | None = None,
+) -> dict[GroupId, str]:
+    """The runtime image each running group keeps: the one its current pods were made
+    with (`builders.runtime_of`), unless the spec names one (`spec.runtime.image`: then
+    every group rolls onto it) or asks for the operator's now (`upgrade: Rolling`), or
+    the runtime is built into the SGLang image. So a new operator version, whose own
+    runtime image is the default, changes no running group's pods; a group recreated
+    anyway (a failure, a move, a spec change) comes back on the operator's runtime.
+    `runtime`: the spec's own (before the operator's default image fills it in)."""
+    rt = runtime
+    if not rt.inject or rt.image is not None or rt.upgrade == "Rolling":
+        return {}
+    out: dict[GroupId, str] = {}
+    for gid, group in pods_by_group(pods).items():
+        epoch, slot = epochs.get(gid, 0), (slots or {}).get(gid, 0)
+        for p in group:
+            image = runtime_of(p)
+            if image and pod_slot(p) == slot and label(p, c.LABEL_EPOCH) == str(epoch):
+                out[gid] = image
+                break
     return out
 
 

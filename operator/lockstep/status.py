@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockstep import constants as c
+from lockstep.builders import group_runtime
 from lockstep.evidence import EvidenceEntry
 from lockstep.models import (
     Condition,
@@ -161,6 +162,7 @@ def derive_status(
                     last_restart_time=None
                     if rec.budget.last_restart_at is None
                     else rfc3339(rec.budget.last_restart_at),
+                    runtime=group_runtime(current),
                     spare=rec.spare,
                     message=refusal
                     or rec.placement.unschedulable

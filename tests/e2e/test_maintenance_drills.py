@@ -69,3 +69,12 @@ def test_a_warm_spare_keeps_capacity_through_a_desync_a_drain_and_a_scale_up_and
     # Without a ready spare a drained group waits unplaced, creating nothing, then is back.
     alone = m["without_spare"]
     assert alone["pods_created_while_unplaceable"] == 0 and alone["group_seconds_short"] > 0
+
+
+@pytest.mark.timeout(900)
+def test_an_operator_upgrade_restarts_no_group_and_the_runtime_rolls_only_when_asked() -> None:
+    u = drill("upgrade").maintenance["upgrade"]
+    assert u["operator_replaced"] and u["groups_restarted"] == [] and u["requests_failed"] == 0
+    assert set(u["runtimes_after"].values()) == {"lockstep.local/operator:checkout"}
+    assert u["groups_rolled"] == ["decode/0", "decode/1", "prefill/0"]
+    assert u["groups_out_at_once_max"] <= 1 and u["requests_failed_in_rollout"] == 0

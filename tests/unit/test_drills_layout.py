@@ -52,6 +52,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "scale",
         "spares",
         "capacity",
+        "upgrade",
         "ha",
     }
     assert REAL_SGLANG_SCENARIOS == (

@@ -25,6 +25,7 @@ from lockstep_dev.drills.scenarios import (
     spares,
     stuck_step,
     unplaceable,
+    upgrade,
 )
 
 # In the order they are listed: first the scenarios both engines run (in the order the
@@ -50,6 +51,7 @@ REGISTRY = MappingProxyType(
             scale.SCENARIO,
             spares.SCENARIO,
             capacity.SCENARIO,
+            upgrade.SCENARIO,
             ha.SCENARIO,
         )
     }
