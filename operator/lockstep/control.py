@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -611,7 +611,7 @@ def _judge(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
     def token() -> str:
         return agent_token(deps, pdd, namespace)
 
-    rolling = _rolling_group(role, seen.stale, records)
+    rolling = _rolling_group(role, seen.stale, mem.records.values())
     cluster = _cluster(mem, seen)
     inputs = {}
     for g in range(span):
@@ -939,15 +939,18 @@ def _pod_hash(pdd: PDDeployment, policy: PolicyResult, role: str) -> str:
 
 
 def _rolling_group(
-    role: str, stale: Sequence[GroupId], records: Mapping[int, GroupRecord]
+    role: str, stale: Sequence[GroupId], records: Iterable[GroupRecord]
 ) -> int | None:
-    """The one stale group of a role to roll now (never while another is not Healthy)."""
-    candidates = [g for r, g in stale if r == role]
-    if not candidates:
+    """The one stale group of the deployment to roll now, if it is of `role`: never while
+    any group (of either role) is not Healthy, so a rollout takes one group out of
+    service at a time. Spares roll first (they serve nothing), then decode before
+    prefill, lowest index first."""
+    if not stale or any(rec.step is not Step.HEALTHY for rec in records):
         return None
-    if any(rec.step is not Step.HEALTHY for rec in records.values()):
-        return None
-    return min(candidates)
+    spare = {(str(rec.role), rec.index) for rec in records if rec.spare}
+    order: dict[str, int] = {r: i for i, r in enumerate(reversed(ROLES))}
+    first = min(stale, key=lambda gid: (gid not in spare, order.get(gid[0], 0), gid[1]))
+    return first[1] if first[0] == role else None
 
 
 def _update_targets(

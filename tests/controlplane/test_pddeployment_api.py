@@ -31,7 +31,14 @@ STATUS = {
             "reason": "DecodeStarting",
             "message": "decode group 0 is starting",
             "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }
+        },
+        {
+            "type": "Degraded",
+            "status": "True",
+            "reason": "RuntimeRefused",
+            "message": "decode group 0: RuntimeRefused: set LOCKSTEP_EPOCH",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        },
     ],
 }
 
@@ -242,8 +249,10 @@ def test_kubectl_get_pdd_shows_the_printer_columns(
     assert response.status_code == 200, response.text
 
     header, row = _kubectl_table(controlplane, kubectl, "get", "pdd", "-n", namespace)
-    assert header == ["NAME", "PREFILL", "DECODE", "READY", "INCIDENTS", "AGE"]
+    assert header == ["NAME", "PREFILL", "DECODE", "READY", "INCIDENTS", "AGE", "PROBLEM"]
     assert row[:5] == [name, "1/1", "0/1", "False", "2"]
+    # PROBLEM is the Degraded condition's message: why a group is not serving.
+    assert " ".join(row[6:]) == "decode group 0: RuntimeRefused: set LOCKSTEP_EPOCH"
     # The CRD's categories make `kubectl get lockstep` list it as well.
     listed = controlplane.kubectl("get", "lockstep", "-n", namespace, "-o", "name", kubectl=kubectl)
     assert listed.stdout.split() == [f"pddeployment.lockstep.dev/{name}"]

@@ -72,7 +72,9 @@ def refused_pod(
 
 
 def ended(http: httpx.Client, namespace: str, name: str, kind: str) -> dict[str, Any]:
-    """The terminated state of the pod's first container of `kind` (or init container)."""
+    """The terminated state of the pod's first container of `kind` (or init container):
+    its state, or its last state while the kubelet backs off restarting it (as a failed
+    init container is, whatever the pod's restart policy)."""
     path = f"/api/v1/namespaces/{namespace}/pods/{name}"
     deadline = time.monotonic() + WAIT
     last: Any = None
@@ -80,7 +82,9 @@ def ended(http: httpx.Client, namespace: str, name: str, kind: str) -> dict[str,
         status = http.get(path).json().get("status") or {}
         for s in status.get(kind) or []:
             last = s
-            terminated = (s.get("state") or {}).get("terminated")
+            terminated = (s.get("state") or {}).get("terminated") or (s.get("lastState") or {}).get(
+                "terminated"
+            )
             if terminated:
                 return dict(terminated)
         time.sleep(0.3)

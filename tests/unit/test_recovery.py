@@ -20,6 +20,7 @@ from lockstep.models import (
     BudgetSpec,
     HealthSpec,
     Incident,
+    MaintenanceSpec,
     RecoverySpec,
     parse_pddeployment,
 )
@@ -37,6 +38,7 @@ from lockstep.recovery import (
     EmitEvent,
     GroupInput,
     GroupRecord,
+    IncidentKind,
     IncidentRecord,
     OpenIncident,
     PodRef,
@@ -1365,6 +1367,8 @@ def test_operator_restart_during_an_in_place_restart_never_restarts_a_pod_twice(
 
 def test_a_template_rollout_recreates_even_in_in_place_mode() -> None:
     sim = in_place_sim()
+    # Draining first: the role's only group (see the make-before-break rollout below).
+    sim.cfg = replace(sim.cfg, maintenance=MaintenanceSpec(mode="DrainFirst"))
     old = {p.uid for p in sim.view(0)}
     plan = plan_role(
         sim.cfg,
@@ -1389,6 +1393,36 @@ def test_a_template_rollout_recreates_even_in_in_place_mode() -> None:
     sim.now += 1
     run_to_healthy(sim, first="ok")
     assert len(sim.actions(RestartInPlace)) == 1
+
+
+def test_a_template_rollout_of_the_roles_only_group_starts_the_new_epoch_beside_it() -> None:
+    """The role's only group in service rolls make-before-break (it never stops
+    serving); with another group in service it drains and restarts as before."""
+    alone = Sim()
+    plan = plan_role(
+        alone.cfg,
+        alone.records,
+        {0: GroupInput(alone.view(0), manual_request="spec-abc", template_changed=True)},
+        now=alone.now,
+    )
+    rec, acts = plan.groups[0].record, plan.groups[0].actions
+    assert rec.step is Step.MOVING and (rec.epoch, rec.slot) == (1, 1)
+    assert [a for a in acts if isinstance(a, CreateEpoch)] == [CreateEpoch(1, (), 1)]
+    assert not [a for a in acts if isinstance(a, SetGate)]  # the old epoch keeps serving
+    assert rec.incident is not None and rec.incident.kind is IncidentKind.MANUAL
+    assert rec.manual.handled_request == "spec-abc"
+    pair = Sim(groups=2)
+    plan = plan_role(
+        pair.cfg,
+        pair.records,
+        {
+            0: GroupInput(pair.view(0), manual_request="spec-abc", template_changed=True),
+            1: GroupInput(pair.view(1)),
+        },
+        now=pair.now,
+    )
+    assert plan.groups[0].record.step is Step.DRAINING
+    assert plan.groups[0].record.manual.rollout is True
 
 
 def test_a_container_down_when_the_group_is_restarted_is_asked_once_it_runs_again() -> None:

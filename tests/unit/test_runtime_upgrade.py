@@ -80,3 +80,26 @@ def test_a_missing_pod_joins_its_group_on_the_groups_runtime() -> None:
     # A whole new epoch (no pod of the group left: recreated anyway) is the operator's.
     fresh = plan_reconcile(upgraded, evaluate(upgraded.spec), [], [], {}, {DECODE})
     assert {runtime_of(p) for p in fresh.create if p.get("kind") == "Pod"} == {NEW}
+
+
+def test_a_rollout_takes_one_group_of_the_deployment_out_at_a_time() -> None:
+    """`control._rolling_group`: the one group to roll now, across both roles; spares
+    first (they serve nothing), then decode, then prefill; nothing while a group of
+    either role is not Healthy."""
+    from lockstep.control import _rolling_group
+    from lockstep.recovery import GroupRecord, Step
+
+    stale = [("prefill", 0), ("decode", 0), ("decode", 1)]
+    records = [
+        GroupRecord(role="prefill", index=0, step=Step.HEALTHY),
+        GroupRecord(role="decode", index=0, step=Step.HEALTHY),
+        GroupRecord(role="decode", index=1, step=Step.HEALTHY, spare=True),
+    ]
+    assert _rolling_group("decode", stale, records) == 1  # the spare
+    assert _rolling_group("prefill", stale, records) is None
+    assert _rolling_group("decode", stale[:2], records) == 0
+    assert _rolling_group("prefill", stale[:1], records) == 0
+    # A decode group restarting holds the prefill's roll back.
+    busy = [records[0], records[1].model_copy(update={"step": Step.DRAINING}), records[2]]
+    assert _rolling_group("prefill", stale[:1], busy) is None
+    assert _rolling_group("decode", [], records) is None

@@ -5,7 +5,8 @@ table's handler of the record's step:
 
 1. **retire** (`retire`): a group beyond the role's replicas, or one retiring, leaves
    (scale-down), whatever else is true;
-2. **manual** (`manual`): a new manual restart request;
+2. **manual** (`manual`): a new manual restart request (a spec change's rollout of the
+   role's only group in service moves it make-before-break instead, `move`);
 3. **maintenance** (`move`): a group in service (Healthy, or Suspect without a verdict)
    with a pod on a node under maintenance moves off it;
 4. **placement** (`placement`): an epoch that is starting but not wholly placed in time
@@ -89,6 +90,10 @@ def _placement_guard(r: Round, v: GroupVerdict | None) -> bool:
 
 
 def _manual_guard(r: Round, v: GroupVerdict | None) -> bool:
+    beside = manual.rollout_beside(r)
+    if beside is not None:
+        move.make_before_break(r, beside, (), beside)
+        return True
     return manual.request(r)
 
 
@@ -164,6 +169,7 @@ def plan_role(
             slot_granted=index in granted,
             may_leave_service=_may_leave_service(others),
             restarting=restarting,
+            peer_in_service=_peer_in_service(others),
             retire_blocked=blocked,
         )
         plans[index] = plan_group(
@@ -196,6 +202,7 @@ def plan_group(
         and budget.restart_allowed(record, settings, now),
         may_leave_service=True,
         restarting=0,
+        peer_in_service=False,
     )
     return run(Round(record, inp, settings, g, now))
 
@@ -229,13 +236,17 @@ def _retire_blocked(
     return None
 
 
-def _may_leave_service(others: Sequence[GroupRecord]) -> bool:
-    healthy_peer = any(
+def _peer_in_service(others: Sequence[GroupRecord]) -> bool:
+    return any(
         r.step is Step.HEALTHY
         or r.step in MOVE_STEPS  # its old pods serve, then its new ones
         or (r.step is Step.SUSPECT and r.incident is None)
         for r in others
     )
+
+
+def _may_leave_service(others: Sequence[GroupRecord]) -> bool:
+    healthy_peer = _peer_in_service(others)
     # A group moving for maintenance is on its way back, not broken.
     all_broken = all(
         (r.step in BROKEN_STEPS and not r.maintenance)

@@ -130,5 +130,8 @@ class RoleGuards:
     slot_granted: bool
     may_leave_service: bool
     restarting: int
+    # Another group of the role serves (in service, moving, or a ready spare that would
+    # take over): a rollout may take this one out of service.
+    peer_in_service: bool = True
     # Why a group beyond replicas may not start retiring now (None: it may).
     retire_blocked: str | None = None

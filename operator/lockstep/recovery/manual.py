@@ -1,6 +1,8 @@
 """Guard: a manual restart request (`kubectl annotate pdd NAME lockstep.dev/restart=
 decode/0@id`) restarts one group once, past backoff, budget and the last-in-service guard
-(a person asked), not past the concurrency limit."""
+(a person asked), not past the concurrency limit. A spec change's rollout comes as such a
+request (`GroupInput.template_changed`); the role's only group in service rolls
+make-before-break instead (`move.make_before_break`), when maintenance allows it."""
 
 from __future__ import annotations
 
@@ -42,6 +44,31 @@ def request(r: Round) -> bool:
     _set(r, requested=True)
     r.goto(Step.DRAINING, clear_failures=True)
     return True
+
+
+def rollout_beside(r: Round) -> str | None:
+    """A spec change's rollout of the role's only group in service: taken (the request
+    handled, the incident opened) and its reason returned, for the caller to roll it
+    make-before-break (the new epoch starts beside it and takes over, so the role never
+    stops serving). None: not such a rollout (a role with another group in service, or
+    a ready spare, rolls by restarting; so does a spare, and any group when maintenance
+    is not MakeBeforeBreak)."""
+    req = r.inp.manual_request
+    if (
+        not r.inp.template_changed
+        or not req
+        or req == r.rec.manual.handled_request
+        or r.s.recovery.policy == "ObserveOnly"
+        or r.rec.step is not Step.HEALTHY
+        or r.rec.spare
+        or r.g.peer_in_service
+        or r.s.maintenance.mode != "MakeBeforeBreak"
+    ):
+        return None
+    _set(r, handled_request=req)
+    why = f"spec change rollout {req}"
+    incidents.open_incident(r, IncidentKind.MANUAL, why, "", first_failure=r.now)
+    return why
 
 
 def done(r: Round) -> None:

@@ -41,26 +41,33 @@ def due(r: Round) -> bool:
     # serving group the same way, `spares.before`).
     if mode == "MakeBeforeBreak" and not r.rec.spare:
         incidents.open_incident(r, IncidentKind.MAINTENANCE, why, why, first_failure=r.now)
-        target, slot = r.rec.epoch + 1, 1 - r.rec.slot
-        incidents.set_action(r, f"move make-before-break: epoch {target} on other nodes first")
-        r.event(
-            Reason.MAINTENANCE,
-            f"maintenance ({why}): starting epoch {target} on other nodes while "
-            f"epoch {r.rec.epoch} serves",
-        )
-        r.actions.append(CreateEpoch(target, nodes, slot))
-        r.goto(
-            Step.MOVING,
-            epoch=target,
-            slot=slot,
-            move=Moving(reason=why, nodes=tuple(nodes), old_pods=refs(r.pods())),
-            epoch_started_at=r.now,
-            clear_failures=True,
-            drain=Drain(),
-        )
-        r.requeue = RECHECK_SECONDS
+        make_before_break(r, why, nodes, f"maintenance ({why})")
         return True
     return drain_first(r, why, nodes)
+
+
+def make_before_break(r: Round, why: str, nodes: Sequence[str], what: str) -> None:
+    """Start the next epoch in the other name slot (preferring nodes other than `nodes`)
+    while the current one serves; `on_moving` admits it once it passes the deep probe,
+    then the old pods drain and go. The caller opened the incident."""
+    target, slot = r.rec.epoch + 1, 1 - r.rec.slot
+    where = " on other nodes" if nodes else ""
+    incidents.set_action(r, f"move make-before-break: epoch {target}{where} first")
+    r.event(
+        Reason.MAINTENANCE,
+        f"{what}: starting epoch {target}{where} while epoch {r.rec.epoch} serves",
+    )
+    r.actions.append(CreateEpoch(target, tuple(nodes), slot))
+    r.goto(
+        Step.MOVING,
+        epoch=target,
+        slot=slot,
+        move=Moving(reason=why, nodes=tuple(nodes), old_pods=refs(r.pods())),
+        epoch_started_at=r.now,
+        clear_failures=True,
+        drain=Drain(),
+    )
+    r.requeue = RECHECK_SECONDS
 
 
 def drain_first(r: Round, why: str, nodes: Sequence[str]) -> bool:
@@ -173,9 +180,12 @@ def on_handing_over(r: Round, v: GroupVerdict | None) -> None:
         r.again_in(RECHECK_SECONDS)
         return
     nodes = sorted({p.node for p in new if p.node})
+    what = (
+        f"for maintenance ({r.rec.maintenance})" if r.rec.move.nodes else (f"({r.rec.maintenance})")
+    )
     done = (
-        f"moved make-before-break for maintenance ({r.rec.maintenance}) to epoch "
-        f"{r.rec.epoch} on {', '.join(nodes)}; never out of service"
+        f"moved make-before-break {what} to epoch {r.rec.epoch} on {', '.join(nodes)}; "
+        "never out of service"
     )
     incidents.close_incident(r, done)
     r.event(Reason.MOVED, done)
