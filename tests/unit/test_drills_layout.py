@@ -65,7 +65,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "spares",
         "capacity",
     )
-    assert NODE_SCENARIOS == ("node-drain", "unplaceable", "spares", "capacity")
+    assert NODE_SCENARIOS == ("node-drain", "unplaceable", "spares", "capacity", "upgrade")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
