@@ -59,6 +59,7 @@ def rank_state_from_json(
     """One rank of a `GET /ranks` answer::
 
         {"rank": int, "tp_rank": int, "pid": int, "alive": bool (optional, default true),
+         "process": null | str (optional: the OS state, "stopped", "zombie", ...),
          "iteration": int, "updated_at": float,
          "last_decision": null | {"kind", "forward_mode", "batch_size", "rids_hash", "seq"},
          "collective": null | {"op", "group", "seq", "since"},
@@ -101,6 +102,7 @@ def rank_state_from_json(
             tp_rank=_opt_int(obj.get("tp_rank")),
             pid=_opt_int(obj.get("pid")),
             alive=bool(obj.get("alive", True)),
+            process=_opt_str(obj.get("process")),
             last_decision=decision,
             collective=collective,
             consensus_failure=_failure_summary(obj.get("consensus_failure")),

@@ -72,6 +72,7 @@ class Signal(StrEnum):
     CONTAINER_NOT_RUNNING = "container-not-running"
     CONTAINER_RESTARTED = "container-restarted"
     RANK_EXITED = "rank-exited"
+    RANK_STOPPED = "rank-stopped"
     CONSENSUS_FAILURE = "consensus-failure"
     AGENT_UNREACHABLE = "agent-unreachable"
     PROGRESS = "progress"
@@ -81,6 +82,9 @@ class Signal(StrEnum):
     SAME_COLLECTIVE = "same-collective"
     NO_PROGRESS = "no-progress"
 
+
+# OS states of a rank process that will not move until someone resumes it.
+STOPPED_PROCESS_STATES = frozenset({"stopped", "traced"})
 
 # Signals that prove the current epoch broke (as opposed to "not up yet"): the recovery
 # planner acts on these even while it waits for a new epoch to pass its first probe.
@@ -135,6 +139,9 @@ class RankState:
     tp_rank: int | None = None
     pid: int | None = None
     alive: bool = True
+    # The OS state the pod agent read from /proc ("running", "sleeping", "stopped",
+    # "traced", "zombie", ...; None: not reported).
+    process: str | None = None
     last_decision: Decision | None = None
     collective: Collective | None = None
     consensus_failure: str | None = None
@@ -445,6 +452,22 @@ def classify_group(
         return verdict(Verdict.HEALTHY, False, "deep probe passed")
 
     signals.add(Signal.PROBE_TIMEOUT if obs.probe.status == "timeout" else Signal.PROBE_FAILED)
+    # A stopped process (SIGSTOP, a debugger) is a fact from /proc, whatever collective or
+    # step it stopped in: without it the same frozen rank reads as Slow (inside a model
+    # step), Hung or Desynced (one collective behind), depending on where it froze. It
+    # holds the whole group, so it is RankDown; not at once: a rank a person paused for
+    # a moment gets the failure threshold's probes to go on.
+    stopped = [r for r in ranks if r.process in STOPPED_PROCESS_STATES]
+    if stopped:
+        signals.add(Signal.RANK_STOPPED)
+        names = [f"{r.pod}/r{r.rank} ({r.process})" for r in stopped]
+        evidence["ranks_stopped"] = _bounded(names)
+        return verdict(
+            Verdict.RANK_DOWN,
+            False,
+            f"rank process stopped: {', '.join(names[:4])}",
+            [r.pod for r in stopped],
+        )
     if not ranks:
         not_started = Signal.POD_NOT_STARTED in signals
         why = "pods not started yet" if not_started else "no rank state could be read"
@@ -617,6 +640,8 @@ def _rank_text(r: RankState) -> str:
         parts.append(f"in={_key_text(r.collective.key)}")
     if not r.alive:
         parts.append("exited")
+    elif r.process in STOPPED_PROCESS_STATES:
+        parts.append(str(r.process))
     return " ".join(parts)
 
 

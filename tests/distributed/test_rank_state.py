@@ -166,6 +166,32 @@ def test_agent_serves_live_dead_and_previous_ranks(
         server.server_close()
 
 
+@pytest.mark.timeout(60)
+def test_the_agent_reports_a_stopped_rank_stopped_and_a_reaped_one_gone(
+    tmp_path: Path, writers: list[subprocess.Popen[str]]
+) -> None:
+    """`process` is the OS state from /proc: a rank sent SIGSTOP is alive to kill(0)
+    but "stopped"; SIGCONT makes it "sleeping" again; killed and not yet reaped it is a
+    zombie (and not alive); reaped, "gone"."""
+    _start(writers, tmp_path, 0, "idle")
+    proc = writers[0]
+
+    def state() -> tuple[bool, str | None]:
+        s = read_rank_states(tmp_path)[0]
+        return s["alive"], s["process"]
+
+    # Asleep in its loop (it may still be running for a moment after saying ready).
+    wait_until(lambda: state() == (True, "sleeping"), 5, "the idle rank shown sleeping")
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_until(lambda: state() == (True, "stopped"), 5, "the stopped rank shown stopped")
+    os.kill(proc.pid, signal.SIGCONT)
+    wait_until(lambda: state() == (True, "sleeping"), 5, "the resumed rank shown sleeping")
+    os.kill(proc.pid, signal.SIGKILL)
+    wait_until(lambda: state() == (False, "zombie"), 5, "the unreaped rank shown a zombie")
+    proc.wait(timeout=10)
+    assert state() == (False, "gone")
+
+
 def test_stack_dumps_are_bounded_and_one_at_a_time(
     tmp_path: Path, writers: list[subprocess.Popen[str]]
 ) -> None:

@@ -76,6 +76,13 @@ def test_rank_state_of_an_exited_rank() -> None:
     assert got.alive is False
 
 
+def test_rank_state_carries_the_os_process_state() -> None:
+    got = rank_state_from_json({**AGENT_JSON, "process": "stopped"}, pod="p")
+    assert (got.alive, got.process) == (True, "stopped")
+    # An older agent does not say: nothing is assumed.
+    assert rank_state_from_json(AGENT_JSON, pod="p").process is None
+
+
 def test_consensus_failure_object_is_summarised() -> None:
     failure = {
         "detected_at": 1.0,

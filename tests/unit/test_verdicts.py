@@ -462,3 +462,42 @@ def test_divergence_evidence_still_acts_during_a_step() -> None:
     ranks = (*ranks[:3], replace(ranks[3], consensus_failure="hash mismatch at 51"))
     got = classify_group(observe(ranks=ranks), PREV, now=NOW)
     assert got.verdict is Verdict.DESYNCED and got.immediate
+
+
+# ------------------------------------------------------------------ a stopped rank
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["inside a model step", "one decision behind", "in another collective", "in step"],
+)
+def test_a_stopped_rank_is_rank_down_wherever_it_stopped(where: str) -> None:
+    """Without the process state, the same frozen rank reads Slow (inside a model step),
+    Desynced (one decision or one collective behind) or Hung: /proc says stopped."""
+    stopped = {
+        "inside a model step": in_step(5.0)[3],
+        "one decision behind": replace(
+            PREV[3], last_decision=Decision("batch", 49, "DECODE", 8, "abc")
+        ),
+        "in another collective": replace(PREV[3], collective=BROADCAST),
+        "in step": PREV[3],
+    }[where]
+    stopped = replace(stopped, process="stopped")
+    others = in_step(5.0)[:3] if where == "inside a model step" else PREV[:3]
+    got = classify_group(observe(ranks=(*others, stopped)), PREV, now=NOW)
+    assert got.verdict is Verdict.RANK_DOWN and not got.immediate, got
+    assert Signal.RANK_STOPPED in got.signals
+    assert got.culprits == frozenset({"m-decode-0-1"})
+    assert "m-decode-0-1/r3 (stopped)" in got.reason
+    assert "m-decode-0-1/r3 it=100 dec=batch" in " ".join(got.evidence["ranks"])  # type: ignore[arg-type]
+
+
+def test_a_traced_rank_is_stopped_and_a_probe_that_passes_wins() -> None:
+    traced = (*PREV[:3], replace(PREV[3], process="traced"))
+    assert classify_group(observe(ranks=traced), PREV, now=NOW).verdict is Verdict.RANK_DOWN
+    assert classify_group(observe(OK, ranks=traced), PREV, now=NOW).verdict is Verdict.HEALTHY
+    # Running, sleeping or in uninterruptible sleep (a GPU driver call) is no stop.
+    for state in ("running", "sleeping", "uninterruptible", None):
+        ranks = tuple(replace(r, process=state) for r in PREV)
+        got = classify_group(observe(ranks=ranks), PREV, now=NOW)
+        assert Signal.RANK_STOPPED not in got.signals and got.verdict is Verdict.HUNG

@@ -24,6 +24,9 @@ JSON schema (``SCHEMA`` = ``"lockstep.dev/rank-state/v1"``), one object per rank
       "tp_rank": int,            # rank inside its TP group
       "pid": int,                # the scheduler process
       "alive": bool,             # the reader's check that pid still exists
+      "process": str | null,     # its OS state from /proc/<pid>/stat: running, sleeping,
+                                 # uninterruptible, stopped, traced, zombie, dead, idle,
+                                 # gone (no such process); null where /proc cannot tell
       "started_at": float,       # unix seconds, when the writer was created
       "updated_at": float,       # unix seconds, last write of any field
       "iteration": int,          # scheduler loop iterations started
@@ -155,6 +158,7 @@ class RankStateJSON(TypedDict):
     tp_rank: int
     pid: int
     alive: bool
+    process: str | None
     started_at: float
     updated_at: float
     iteration: int
@@ -419,6 +423,42 @@ class RankStateWriter:
         self._mmap.close()
 
 
+# The state letter of /proc/<pid>/stat (proc(5)), named.
+_PROCESS_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "uninterruptible",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "X": "dead",
+    "x": "dead",
+    "I": "idle",
+    "W": "paging",
+    "P": "parked",
+    "K": "wakekill",
+}
+
+
+def process_state(pid: int) -> str | None:
+    """The OS state of process `pid` (see ``_PROCESS_STATES``): "gone" when there is no
+    such process, None when /proc cannot say (no /proc, not readable, an unknown letter).
+    A stopped rank (SIGSTOP, a debugger) looks alive to ``kill(0)`` and waits wherever it
+    stopped, inside a collective or not: this is how the operator tells it from a hang."""
+    if pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return None
+    # The command name (in parentheses) may itself hold ") ": the state follows the last.
+    _, _, rest = stat.rpartition(b") ")
+    return _PROCESS_STATES.get(rest[:1].decode("ascii", "replace")) if rest else None
+
+
 def _pid_alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -523,6 +563,7 @@ def read_rank_state(path: Path) -> RankStateJSON:
         "tp_rank": int(snap.tp_rank),
         "pid": int(snap.pid),
         "alive": _pid_alive(int(snap.pid)),
+        "process": process_state(int(snap.pid)),
         "started_at": float(snap.started_at),
         "updated_at": float(snap.updated_at),
         "iteration": int(snap.iteration),
