@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -39,11 +40,127 @@ class EvidenceEntry:
     cause: str | None = None
 
     def render(self, max_bytes: int) -> str:
-        """The text status shows: the summary, then the capture, bounded."""
+        """The text status shows: the summary, then the capture, bounded (the capture
+        fitted to the room left with every pod's share kept, `fit_capture`)."""
         if self.captured is None:
             return self.verdict[:max_bytes]
         room = max(0, max_bytes - len(self.verdict) - len(EVIDENCE_MARK))
-        return self.verdict + EVIDENCE_MARK + self.captured[:room]
+        return self.verdict + EVIDENCE_MARK + fit_capture(split_capture(self.captured), room)
+
+
+# ------------------------------------------------------------- the capture's budget
+#
+# A capture is sections, one per pod and kind, in pod order: `[<pod>] ranks: <the agent's
+# /ranks answer>`, `[<pod>] stacks: <its /stacks answer>`, `[<pod>] log:\n<log tail>`.
+# Bounded first come first served, the first pod's sections filled the cap and the last
+# pod's rank states (often the rank that matters) were cut. `fit_capture` shares the cap
+# fairly instead: every pod an equal share (what a small pod leaves goes to the others),
+# and inside a pod its rank states first (they are parsed back, a cut one is not), then
+# stacks and log an equal share of the rest; a stack keeps its head (the innermost
+# frames and the first threads), a log its tail (the last lines). What was trimmed is
+# said where it was cut and in a last line.
+
+SECTION = re.compile(r"^\[(?P<pod>[a-z0-9][a-z0-9.-]*)\] (?P<kind>ranks|stacks|log):(?: |\n|$)")
+TRIMMED_LINE = "[evidence] trimmed to fit {limit} bytes: "
+
+
+@dataclass(frozen=True)
+class CapturePart:
+    """One section of a capture: `text` is what follows its header."""
+
+    pod: str
+    kind: str  # "ranks" | "stacks" | "log"
+    text: str
+
+    @property
+    def header(self) -> str:
+        return f"[{self.pod}] {self.kind}:" + ("\n" if self.kind == "log" else " ")
+
+
+def split_capture(captured: str) -> list[CapturePart]:
+    """The sections of a capture (`fit_capture`'s output or an older operator's); text
+    before the first section, and a trimmed-summary line, are dropped."""
+    parts: list[CapturePart] = []
+    pod = kind = ""
+    lines: list[str] = []
+
+    def close() -> None:
+        if kind:
+            parts.append(CapturePart(pod, kind, "\n".join(lines)))
+
+    for line in captured.split("\n"):
+        m = SECTION.match(line + "\n")
+        if m is not None:
+            close()
+            pod, kind = m["pod"], m["kind"]
+            rest = line[m.end() :] if len(line) >= m.end() else ""
+            lines = [] if kind == "log" and not rest else [rest]
+        elif line.startswith(TRIMMED_LINE.split("{", 1)[0]):
+            continue
+        else:
+            lines.append(line)
+    close()
+    return parts
+
+
+def fair_shares(sizes: Sequence[int], budget: int) -> list[int]:
+    """Water-filling: each size gets min(size, level), the level set so the shares sum
+    to at most `budget` (what a small one leaves is shared by the others)."""
+    shares = [0] * len(sizes)
+    left, remaining = max(0, budget), len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+        shares[i] = min(sizes[i], left // remaining)
+        left -= shares[i]
+        remaining -= 1
+    return shares
+
+
+def _trim(part: CapturePart, room: int) -> tuple[str, int]:
+    """`part`'s text in `room` characters, the note of what was cut included (a stack or
+    rank states keep their head, a log its tail), and how many characters were cut."""
+    text = part.text
+    if len(text) <= room:
+        return text, 0
+    keep = max(0, room - len(f" [... {len(text)} chars trimmed]"))
+    cut = len(text) - keep
+    if part.kind == "log":
+        return f"[... {cut} chars trimmed]\n" + text[cut:], cut
+    return text[:keep] + f" [... {cut} chars trimmed]", cut
+
+
+def fit_capture(parts: Sequence[CapturePart], max_bytes: int) -> str:
+    """The capture of `parts` in at most `max_bytes` characters, shared fairly (see
+    above); the last line lists what was trimmed, by pod and kind."""
+    whole = "\n".join(p.header + p.text for p in parts)
+    if len(whole) <= max_bytes:
+        return whole
+    summary_room = 40 + 24 * len(parts)
+    headers = sum(len(p.header) + 1 for p in parts)
+    budget = max(0, max_bytes - headers - summary_room)
+    pods = list(dict.fromkeys(p.pod for p in parts))
+    of_pod = {pod: [p for p in parts if p.pod == pod] for pod in pods}
+    pod_share = dict(
+        zip(pods, fair_shares([sum(len(p.text) for p in of_pod[q]) for q in pods], budget),
+            strict=True)
+    )  # fmt: skip
+    rooms: dict[int, int] = {}
+    for pod in pods:
+        share = pod_share[pod]
+        ranks = [p for p in of_pod[pod] if p.kind == "ranks"]
+        rest = [p for p in of_pod[pod] if p.kind != "ranks"]
+        for p in ranks:
+            rooms[id(p)] = min(len(p.text), share)
+            share -= rooms[id(p)]
+        for p, room in zip(rest, fair_shares([len(p.text) for p in rest], share), strict=True):
+            rooms[id(p)] = room
+    out, trimmed = [], []
+    for p in parts:
+        text, cut = _trim(p, rooms[id(p)])
+        out.append(p.header + text)
+        if cut:
+            trimmed.append(f"{p.pod} {p.kind} -{cut}")
+    out.append(TRIMMED_LINE.format(limit=max_bytes) + ", ".join(trimmed))
+    return "\n".join(out)[:max_bytes]
 
 
 def configmap_name(deployment: str) -> str:

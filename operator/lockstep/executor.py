@@ -41,7 +41,7 @@ from lockstep.builders import (
     router_name,
     spec_hash,
 )
-from lockstep.evidence import EvidenceEntry
+from lockstep.evidence import CapturePart, EvidenceEntry, fit_capture
 from lockstep.failover import (
     ORPHAN_GRACE_SECONDS,
     EndOrder,
@@ -578,30 +578,31 @@ class Execution:
         agents = self.deps.agents
         token = agent_token(self.deps, self.pdd, self.namespace)
 
-        def one(name: str) -> tuple[list[str], str | None]:
-            parts: list[str] = []
+        def one(name: str) -> tuple[list[CapturePart], str | None]:
+            parts: list[CapturePart] = []
             ranks_text: str | None = None
             ip = ((by_name.get(name) or {}).get("status") or {}).get("podIP")
             if ip:
                 ranks_text = agents.evidence(ip, "/ranks", token)
-                parts.append(f"[{name}] ranks: {ranks_text}")
+                parts.append(CapturePart(name, "ranks", ranks_text))
                 # An agent that did not answer /ranks will not dump stacks either.
                 if action.stacks and not ranks_text.startswith(UNREACHABLE):
-                    parts.append(f"[{name}] stacks: {agents.evidence(ip, '/stacks', token)}")
+                    parts.append(CapturePart(name, "stacks", agents.evidence(ip, "/stacks", token)))
             if action.log_lines:
                 try:
                     logs = self.deps.kube.core.read_namespaced_pod_log(
                         name, self.namespace, tail_lines=action.log_lines
                     )
-                    parts.append(f"[{name}] log:\n{logs}")
+                    parts.append(CapturePart(name, "log", str(logs)))
                 except Exception as err:
-                    parts.append(f"[{name}] log: unavailable ({type(err).__name__})")
+                    parts.append(CapturePart(name, "log", f"unavailable ({type(err).__name__})"))
             return parts, ranks_text
 
         # Every pod at once: one silent agent must not hold up the others' evidence.
         with ThreadPoolExecutor(max_workers=min(len(action.pods), 16) or 1) as pool:
             results = list(pool.map(one, [ref.name for ref in action.pods]))
-        captured = "\n".join(part for found, _ in results for part in found)
+        # Every pod's share of the bound, not first come first served (`fit_capture`).
+        captured = fit_capture([part for found, _ in results for part in found], action.max_bytes)
         epoch = self.incident_epochs.get(action.incident_id, 0)
         reports = tuple(
             report_from_text(ref.name, text, epoch)
@@ -610,6 +611,4 @@ class Execution:
         )
         self.reports[action.incident_id] = reports
         cause = divergence_cause(r for a in reports for r in a.ranks or ())
-        self.evidence[action.incident_id] = EvidenceEntry(
-            captured=captured[: action.max_bytes], cause=cause
-        )
+        self.evidence[action.incident_id] = EvidenceEntry(captured=captured, cause=cause)

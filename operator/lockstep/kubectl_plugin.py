@@ -56,7 +56,7 @@ from lockstep import constants as c
 from lockstep import objects
 from lockstep.agent_client import AgentDataError, captured_ranks, captured_stacks
 from lockstep.builders import group_runtime
-from lockstep.evidence import EVIDENCE_MARK, EvidenceEntry, configmap_name, from_data
+from lockstep.evidence import EVIDENCE_MARK, SECTION, EvidenceEntry, configmap_name, from_data
 from lockstep.records import ANNOTATION_RESTART, load_records
 from lockstep.recovery import GroupRecord
 from lockstep.verdicts import RankState
@@ -69,8 +69,8 @@ SUMMARY_LINES = 8  # lines of an incident's evidence summary `incidents` shows
 REQUEST_SLUG_CHARS = 40
 _NOT_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 _GROUP_ARG = re.compile(r"^(?P<role>[a-z]+)/(?P<group>[0-9]+)$")
-# A section of captured evidence (`lockstep.executor`): `[<pod>] ranks|stacks|log:`.
-_SECTION = re.compile(r"^\[(?P<pod>[a-z0-9][a-z0-9.-]*)\] (?P<kind>ranks|stacks|log):(?: |$)")
+# A section of captured evidence (`lockstep.evidence.fit_capture`): `[<pod>] ranks|stacks|log:`.
+_SECTION = SECTION
 
 
 class PluginError(Exception):
