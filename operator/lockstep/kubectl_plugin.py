@@ -371,10 +371,17 @@ def _outlier(
     records: Mapping[str, GroupRecord],
     pods: Sequence[Mapping[str, Any]],
 ) -> list[Obj]:
-    """The pods (and their nodes) the incident's verdict implicated: from status when
-    it records them, else from the group's record while the incident is open (a hang
-    implicates none in particular; a closed incident's are not kept yet)."""
-    named = incident.get("culprits") or incident.get("outliers")
+    """The ranks (or pods) that differed from the rest, with their nodes: from status
+    (`outliers`, as the verdict named them), else the pods the verdict implicated, from
+    the group's record while the incident is open (a hang implicates none in particular)."""
+    named = incident.get("outliers")
+    if isinstance(named, list) and named and all(isinstance(o, dict) for o in named):
+        return [
+            {"pod": str(o.get("pod")), "rank": o.get("rank"), "node": o.get("node"),
+             "why": o.get("why") or ""}
+            for o in named
+        ]  # fmt: skip
+    named = incident.get("culprits")
     if not isinstance(named, list):
         rec = records.get(f"{incident.get('role')}/{incident.get('group')}")
         open_incident = None if rec is None else rec.incident
@@ -388,7 +395,12 @@ def _outlier(
 
 
 def _outlier_text(outlier: Sequence[Mapping[str, Any]]) -> str:
-    return ", ".join(f"{o['pod']} (node {o['node'] or '?'})" for o in outlier) if outlier else "-"
+    def one(o: Mapping[str, Any]) -> str:
+        where = o["pod"] if o.get("rank") is None else f"{o['pod']}/r{o['rank']}"
+        why = f", {o['why']}" if o.get("why") else ""
+        return f"{where} (node {o['node'] or '?'}{why})"
+
+    return ", ".join(one(o) for o in outlier) if outlier else "-"
 
 
 def incidents_view(

@@ -707,6 +707,15 @@ class RoleStatus(CRDModel):
     )
 
 
+class IncidentOutlier(CRDModel):
+    """A rank (or a pod) that differed from the rest of its group in an incident."""
+
+    pod: str = Field(description="The pod.")
+    rank: int | None = Field(None, ge=0, description="The rank (absent: the pod as a whole).")
+    node: str | None = Field(None, description="The node the pod ran on.")
+    why: str = Field("", description="How it differed: dead, stopped, behind, not progressing.")
+
+
 class Incident(CRDModel):
     """One broken group: what was seen, what was done, how long it took."""
 
@@ -729,6 +738,11 @@ class Incident(CRDModel):
     time_to_detect_seconds: float | None = Field(None, description="First failure to verdict.")
     time_to_recover_seconds: float | None = Field(None, description="Verdict to re-admission.")
     evidence: str = Field("", max_length=262144, description="Evidence summary (bounded).")
+    outliers: list[IncidentOutlier] = Field(
+        default_factory=list,
+        max_length=8,
+        description="The ranks that differed from the rest of the group, with pod and node.",
+    )
 
 
 class Condition(CRDModel):

@@ -28,7 +28,7 @@ over them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -38,6 +38,7 @@ from lockstep.objects import labels, meta
 
 # Evidence is kept in status and Events: bound every list and every string in it.
 MAX_EVIDENCE_ITEMS = 16
+MAX_OUTLIERS = 8  # ranks named as outliers per verdict
 MAX_EVIDENCE_TEXT = 240
 
 EvidenceValue = str | int | float | bool | None | list[str]
@@ -249,6 +250,20 @@ class GroupObservation:
 
 
 @dataclass(frozen=True)
+class Outlier:
+    """A rank (or a whole pod: `rank` None) that differs from the rest of its group, and
+    how: dead, stopped, behind in the decision or collective sequence, not progressing."""
+
+    pod: str
+    rank: int | None
+    why: str
+
+    @property
+    def where(self) -> str:
+        return self.pod if self.rank is None else f"{self.pod}/r{self.rank}"
+
+
+@dataclass(frozen=True)
 class GroupVerdict:
     """The classification of one observation.
 
@@ -271,6 +286,9 @@ class GroupVerdict:
     culprits: frozenset[str] = frozenset()
     # The probe sample it judged (None: the pods alone): each counts once.
     sample: str | None = None
+    # The ranks that differ from the rest (empty: none does, as in a hang where every
+    # rank waits in the same collective).
+    outliers: tuple[Outlier, ...] = ()
 
     @property
     def is_failure(self) -> bool:
@@ -404,9 +422,15 @@ def classify_group(
         evidence["ranks"] = _bounded(_rank_text(r) for r in ranks)
 
     def verdict(
-        v: Verdict, immediate: bool, reason: str, culprits: Iterable[str] = ()
+        v: Verdict,
+        immediate: bool,
+        reason: str,
+        culprits: Iterable[str] = (),
+        outliers: Iterable[Outlier] = (),
     ) -> GroupVerdict:
+        named = tuple(outliers)[:MAX_OUTLIERS]
         return GroupVerdict(
+            outliers=named,
             verdict=v,
             immediate=immediate,
             reason=clip_evidence(reason),
@@ -428,14 +452,22 @@ def classify_group(
             f"{r.pod}/r{r.rank}: {r.consensus_failure}" for r in failed
         )
         return verdict(
-            Verdict.DESYNCED, True, divergence_cause(failed) or "", [r.pod for r in failed]
+            Verdict.DESYNCED,
+            True,
+            divergence_cause(failed) or "",
+            [r.pod for r in failed],
+            [Outlier(r.pod, r.rank, "reported the consensus failure") for r in failed],
         )
 
     culprits: list[str] = []
     down = _pod_problems(obs, signals, culprits)
     if down:
         evidence["pods"] = _bounded(down)
-        return verdict(Verdict.RANK_DOWN, True, down[0], culprits)
+        named = [
+            Outlier(pod, None, next((d for d in down if f"pod {pod} " in d), "down"))
+            for pod in dict.fromkeys(culprits)
+        ]
+        return verdict(Verdict.RANK_DOWN, True, down[0], culprits, named)
     exited = [r for r in ranks if not r.alive]
     if exited:
         signals.add(Signal.RANK_EXITED)
@@ -446,6 +478,7 @@ def classify_group(
             True,
             f"rank process gone: {', '.join(names[:4])}",
             [r.pod for r in exited],
+            [Outlier(r.pod, r.rank, "its process is gone") for r in exited],
         )
 
     if obs.probe.ok:
@@ -467,6 +500,7 @@ def classify_group(
             False,
             f"rank process stopped: {', '.join(names[:4])}",
             [r.pod for r in stopped],
+            [Outlier(r.pod, r.rank, f"its process is {r.process}") for r in stopped],
         )
     if not ranks:
         not_started = Signal.POD_NOT_STARTED in signals
@@ -494,6 +528,11 @@ def classify_group(
             f"deep probe {obs.probe.status} while {len(busy)} rank(s) run a model step "
             f"(the oldest for {oldest:.1f}s, legitimate up to {bound:.0f}s)",
         )
+    # Some ranks progressed, these did not: they are the ones to look at.
+    not_moving = [
+        Outlier(r.pod, r.rank, f"no progress while {len(advanced)} other rank(s) progressed")
+        for r in stalled
+    ] if advanced else []  # fmt: skip
     if advanced:
         evidence["progressed"] = _bounded(f"{r.pod}/r{r.rank}" for r in advanced)
 
@@ -510,18 +549,26 @@ def classify_group(
             if len(seqs) > 1
             else f"ranks made different decisions at sequence {seqs[0]}"
         )
-        return verdict(Verdict.DESYNCED, False, what)
+        return verdict(Verdict.DESYNCED, False, what, (), _decision_outliers(ranks))
 
     collectives = {None if r.collective is None else r.collective.key for r in ranks}
     if len(collectives) > 1:
         signals.add(Signal.DIFFERENT_COLLECTIVES)
         shown = sorted(_key_text(k) for k in collectives)
-        return verdict(Verdict.DESYNCED, False, f"ranks in different collectives: {shown}")
+        return verdict(
+            Verdict.DESYNCED,
+            False,
+            f"ranks in different collectives: {shown}",
+            (),
+            _collective_outliers(ranks),
+        )
 
     signals.add(Signal.NO_PROGRESS)
     (key,) = collectives
     if key is None:
-        return verdict(Verdict.HUNG, False, "no rank progressed and none is in a collective")
+        return verdict(
+            Verdict.HUNG, False, "no rank progressed and none is in a collective", (), not_moving
+        )
     signals.add(Signal.SAME_COLLECTIVE)
     since = min(r.collective.since for r in ranks if r.collective is not None)
     evidence["collective_since"] = since
@@ -529,7 +576,76 @@ def classify_group(
         Verdict.HUNG,
         False,
         f"every rank waits in {_key_text(key)} for {max(0.0, now - since):.1f}s, no progress",
+        (),
+        not_moving,
     )
+
+
+def _minority(ranks: Sequence[RankState], key: Callable[[RankState], Any]) -> list[RankState]:
+    """The ranks outside the largest set of ranks that agree on `key` (empty: no set is
+    larger than every other, as in a TP2 group split one against one)."""
+    sets: dict[Any, list[RankState]] = {}
+    for r in ranks:
+        sets.setdefault(key(r), []).append(r)
+    sizes = sorted((len(v) for v in sets.values()), reverse=True)
+    if len(sizes) < 2 or sizes[0] == sizes[1]:
+        return []
+    largest = max(sets.values(), key=len)
+    return [r for r in ranks if r not in largest]
+
+
+def _decision_outliers(ranks: Sequence[RankState]) -> list[Outlier]:
+    """Who differs in a decision desync: the ranks the majority disagrees with, else
+    (no majority) the ranks furthest behind in the decision sequence."""
+    decided = [r for r in ranks if r.last_decision is not None]
+
+    def seq(r: RankState) -> int:
+        return r.last_decision.seq if r.last_decision is not None else 0
+
+    def key(r: RankState) -> Any:
+        d = r.last_decision
+        return None if d is None else (d.seq, d.kind, d.forward_mode, d.batch_size, d.rids_hash)
+
+    odd = _minority(decided, key)
+    if odd:
+        top = max((seq(r) for r in decided if r not in odd), default=0)
+        return [Outlier(r.pod, r.rank, _seq_text("decision", seq(r), top)) for r in odd]
+    seqs = {seq(r) for r in decided}
+    if len(seqs) < 2:
+        return []
+    low, top = min(seqs), max(seqs)
+    return [
+        Outlier(r.pod, r.rank, _seq_text("decision", low, top)) for r in decided if seq(r) == low
+    ]
+
+
+def _collective_outliers(ranks: Sequence[RankState]) -> list[Outlier]:
+    """Who differs in a collective desync: the ranks the majority is not waiting with,
+    else the ranks behind in the collective sequence (or in no collective)."""
+
+    def where(r: RankState) -> str:
+        return "in no collective" if r.collective is None else f"in {_key_text(r.collective.key)}"
+
+    odd = _minority(ranks, lambda r: None if r.collective is None else r.collective.key)
+    if odd:
+        rest = next(r for r in ranks if r not in odd)
+        return [Outlier(r.pod, r.rank, f"{where(r)}, the others {where(rest)}") for r in odd]
+    seqs = {r.collective.seq if r.collective else -1 for r in ranks}
+    if len(seqs) < 2:
+        return []
+    low = min(seqs)
+    top = next(r for r in ranks if (r.collective.seq if r.collective else -1) == max(seqs))
+    return [
+        Outlier(r.pod, r.rank, f"behind: {where(r)}, another {where(top)}")
+        for r in ranks
+        if (r.collective.seq if r.collective else -1) == low
+    ]
+
+
+def _seq_text(what: str, seq: int, top: int) -> str:
+    if seq == top:
+        return f"a different {what} at #{seq}"
+    return f"{'behind' if seq < top else 'ahead'}: {what} #{seq}, the others at #{top}"
 
 
 def not_up_in_time(epoch: int, now: float, why: str) -> GroupVerdict:

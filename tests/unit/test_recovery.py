@@ -1488,3 +1488,29 @@ def test_a_suspect_that_resolves_on_its_own_warns_once_per_interval() -> None:
     sim.round({0: "timeout"})
     assert sim.reasons().count("GroupSuspect") == 2
     assert not sim.incidents  # never a verdict
+
+
+def test_the_incident_names_the_outlier_rank_with_its_pod_and_node() -> None:
+    """The verdict's outliers go into the incident (record and status) with the node
+    their pod runs on, and into the verdict's Event."""
+    from lockstep.verdicts import Outlier
+
+    sim = Sim()
+    v = replace(
+        verdict("down!", 0, sim.now),
+        outliers=(Outlier("m-decode-0-1", 1, "its process is stopped"),),
+    )
+    plan = plan_role(sim.cfg, sim.records, {0: GroupInput(sim.view(0), verdict=v)}, now=sim.now)
+    rec = plan.groups[0].record
+    assert rec.incident is not None
+    (o,) = rec.incident.outliers
+    assert (o.pod, o.rank, o.node, o.why) == ("m-decode-0-1", 1, "node-1", "its process is stopped")
+    assert "outlier: m-decode-0-1/r1 on node-1 (its process is stopped)" in rec.incident.evidence
+    (opened,) = [a for a in plan.groups[0].actions if isinstance(a, OpenIncident)]
+    assert [x.model_dump(exclude_none=True) for x in opened.incident.outliers] == [
+        {"pod": "m-decode-0-1", "rank": 1, "node": "node-1", "why": "its process is stopped"}
+    ]
+    events = [a.message for a in plan.groups[0].actions if isinstance(a, EmitEvent)]
+    assert any(
+        "outlier: m-decode-0-1/r1 on node-1 (its process is stopped)" in m for m in events
+    ), events

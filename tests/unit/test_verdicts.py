@@ -501,3 +501,61 @@ def test_a_traced_rank_is_stopped_and_a_probe_that_passes_wins() -> None:
         ranks = tuple(replace(r, process=state) for r in PREV)
         got = classify_group(observe(ranks=ranks), PREV, now=NOW)
         assert Signal.RANK_STOPPED not in got.signals and got.verdict is Verdict.HUNG
+
+
+# ------------------------------------------------------------------ the outlier named
+
+
+def outliers(got: Any) -> list[tuple[str, str]]:
+    return [(o.where, o.why) for o in got.outliers]
+
+
+def test_the_rank_behind_in_the_decision_sequence_is_named() -> None:
+    behind = replace(PREV[3], last_decision=Decision("batch", 49, "DECODE", 8, "abc"))
+    got = classify_group(observe(ranks=(*PREV[:3], behind)), PREV, now=NOW)
+    assert got.verdict is Verdict.DESYNCED
+    assert outliers(got) == [("m-decode-0-1/r3", "behind: decision #49, the others at #50")]
+    # One against one (TP2): no majority, the one behind is named.
+    pair = (PREV[0], behind)
+    got = classify_group(observe(ranks=pair), (PREV[0], PREV[3]), now=NOW)
+    assert outliers(got) == [("m-decode-0-1/r3", "behind: decision #49, the others at #50")]
+
+
+def test_the_rank_in_another_collective_is_named() -> None:
+    odd = replace(PREV[2], collective=BROADCAST)
+    got = classify_group(observe(ranks=(*PREV[:2], odd, PREV[3])), PREV, now=NOW)
+    assert got.verdict is Verdict.DESYNCED
+    assert outliers(got) == [
+        (
+            "m-decode-0-1/r2",
+            "in broadcast_pyobj@tp:cpu#87, the others in all_reduce@tp:cpu#88",
+        )
+    ]
+    # One against one: the one behind in the collective sequence.
+    got = classify_group(observe(ranks=(PREV[0], odd)), (PREV[0], PREV[2]), now=NOW)
+    assert [o.where for o in got.outliers] == ["m-decode-0-1/r2"]
+    assert got.outliers[0].why.startswith("behind: in broadcast_pyobj@tp:cpu#87")
+
+
+def test_a_hang_names_the_ranks_that_did_not_progress_and_none_when_all_wait() -> None:
+    moving = tuple(replace(r, iteration=140) for r in PREV[:3])
+    got = classify_group(observe(ranks=(*moving, PREV[3])), PREV, now=NOW)
+    assert got.verdict is Verdict.HUNG
+    assert outliers(got) == [("m-decode-0-1/r3", "no progress while 3 other rank(s) progressed")]
+    got = classify_group(observe(ranks=PREV), PREV, now=NOW)
+    assert got.verdict is Verdict.HUNG and got.outliers == ()
+
+
+def test_a_dead_stopped_or_restarted_rank_is_named() -> None:
+    stopped = classify_group(
+        observe(ranks=(*PREV[:3], replace(PREV[3], process="stopped"))), PREV, now=NOW
+    )
+    assert outliers(stopped) == [("m-decode-0-1/r3", "its process is stopped")]
+    gone = classify_group(observe(ranks=(*PREV[:3], replace(PREV[3], alive=False))), PREV, now=NOW)
+    assert outliers(gone) == [("m-decode-0-1/r3", "its process is gone")]
+    restarted = classify_group(
+        observe(pods=(pod(0), pod(1, restart_count=1)), ranks=PREV), PREV, now=NOW
+    )
+    assert outliers(restarted) == [
+        ("m-decode-0-1", "pod m-decode-0-1 restarted (restart count 0 -> 1)")
+    ]

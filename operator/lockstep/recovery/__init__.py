@@ -100,6 +100,7 @@ from lockstep.recovery.inputs import (
 from lockstep.recovery.record import (
     GroupRecord,
     IncidentRecord,
+    OutlierRecord,
     PodRef,
     adopt_group,
     new_group_record,
@@ -160,6 +161,7 @@ __all__ = [
     "IncidentKind",
     "IncidentRecord",
     "OpenIncident",
+    "OutlierRecord",
     "PodRef",
     "Reason",
     "RestartInPlace",

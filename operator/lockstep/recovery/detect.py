@@ -71,17 +71,20 @@ def count_failure(r: Round, v: GroupVerdict, *, in_service: bool) -> None:
 def reach_verdict(r: Round, v: GroupVerdict, *, leaving_service: bool) -> None:
     d = r.rec.detection
     first = d.first_failure_at if d.first_failure_at is not None else v.observed_at
+    named = incidents.outliers_of(r, v)
     incidents.open_incident(
         r,
         v.verdict,
         v.reason,
-        incidents.evidence_text(v),
+        incidents.evidence_text(v) + "".join(f"\noutlier: {o.text}" for o in named),
         first_failure=first,
         culprits=v.culprits,
+        outliers=named,
     )
+    outlier = f"; outlier: {', '.join(o.text for o in named[:3])}" if named else ""
     r.event(
         VERDICT_REASON.get(v.verdict, Reason.UNRESPONSIVE),
-        f"{v.verdict} in epoch {r.rec.epoch}: {v.reason}",
+        f"{v.verdict} in epoch {r.rec.epoch}: {v.reason}{outlier}",
         warning=True,
     )
     begin_recovery(r, leaving_service=leaving_service)

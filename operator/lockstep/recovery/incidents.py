@@ -3,11 +3,11 @@ current, closed with its figures), as recovery reports it to status."""
 
 from __future__ import annotations
 
-from lockstep.models import Incident
+from lockstep.models import Incident, IncidentOutlier
 from lockstep.objects import rfc3339
 from lockstep.recovery.actions import CloseIncident, OpenIncident, UpdateIncident
 from lockstep.recovery.core import Round
-from lockstep.recovery.record import IncidentRecord
+from lockstep.recovery.record import IncidentRecord, OutlierRecord
 from lockstep.recovery.steps import IncidentKind
 from lockstep.verdicts import GroupVerdict, Verdict
 
@@ -19,6 +19,7 @@ def open_incident(
     evidence: str,
     first_failure: float,
     culprits: frozenset[str] = frozenset(),
+    outliers: tuple[OutlierRecord, ...] = (),
 ) -> None:
     seq = r.rec.incident_seq + 1
     incident = IncidentRecord(
@@ -31,6 +32,7 @@ def open_incident(
         detected_at=r.now,
         evidence=bound(evidence, r.s.recovery.diagnostics.max_evidence_bytes),
         culprits=tuple(sorted(culprits)),
+        outliers=outliers,
     )
     r.update(incident=incident, incident_seq=seq, healthy_since=None)
     r.actions.append(OpenIncident(incident_model(r, incident)))
@@ -79,6 +81,17 @@ def incident_model(r: Round, inc: IncidentRecord, recovered_at: float | None = N
             None if recovered_at is None else round(recovered_at - inc.detected_at, 3)
         ),
         evidence=inc.evidence,
+        outliers=[
+            IncidentOutlier(pod=o.pod, rank=o.rank, node=o.node, why=o.why) for o in inc.outliers
+        ],
+    )
+
+
+def outliers_of(r: Round, v: GroupVerdict) -> tuple[OutlierRecord, ...]:
+    """The verdict's outliers with the node each one's pod runs on."""
+    nodes = {p.name: p.node for p in r.pods()}
+    return tuple(
+        OutlierRecord(pod=o.pod, rank=o.rank, node=nodes.get(o.pod), why=o.why) for o in v.outliers
     )
 
 

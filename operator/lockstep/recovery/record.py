@@ -29,6 +29,21 @@ class PodRef(_Frozen):
     uid: str
 
 
+class OutlierRecord(_Frozen):
+    """A rank (`rank` None: the whole pod) that differed from the rest of its group, where
+    it ran and how it differed (`verdicts.Outlier`, with the pod's node)."""
+
+    pod: str
+    rank: int | None = None
+    node: str | None = None
+    why: str = ""
+
+    @property
+    def text(self) -> str:
+        where = self.pod if self.rank is None else f"{self.pod}/r{self.rank}"
+        return f"{where} on {self.node or 'an unknown node'} ({self.why})"
+
+
 class IncidentRecord(_Frozen):
     """The open incident of a group, as much as recovery needs to close it."""
 
@@ -46,6 +61,8 @@ class IncidentRecord(_Frozen):
     escalation: str = ""
     # Pods the verdict implicated (their nodes are avoided when the group is recreated).
     culprits: tuple[str, ...] = ()
+    # The ranks that differed from the rest, named with pod and node.
+    outliers: tuple[OutlierRecord, ...] = ()
 
     @property
     def label(self) -> str:
