@@ -48,7 +48,12 @@ from lockstep.builders import (
 from lockstep.evidence import EvidenceEntry, EvidenceStore
 from lockstep.executor import Deps, EventSink, Execution, GroupId, agent_token
 from lockstep.kube import Kube
-from lockstep.maintenance import NodeState, cluster_fingerprint, group_maintenance
+from lockstep.maintenance import (
+    CORDONED_BY_ANNOTATION,
+    NodeState,
+    cluster_fingerprint,
+    group_maintenance,
+)
 from lockstep.metrics import Metrics
 from lockstep.models import (
     Incident,
@@ -97,6 +102,7 @@ from lockstep.rolescale import (
 )
 from lockstep.router_workers import RouterBook
 from lockstep.status import LastProbe, derive_status, invalid_status, status_changed
+from lockstep.suspects import CORDON_REASON_ANNOTATION, cordon_decisions, suspect_nodes
 from lockstep.verdicts import (
     AgentReport,
     GroupObservation,
@@ -135,6 +141,9 @@ class Memory:
     routers: RouterBook = field(default_factory=RouterBook)
     # Runtime refusals already told in an Event: (pod UID, container restart count).
     refusals: set[tuple[str, int]] = field(default_factory=set)
+    # Suspect nodes already told in an Event (`suspects`), and cordons the API refused.
+    suspects: set[str] = field(default_factory=set)
+    cordon_failed: set[str] = field(default_factory=set)
     # The rank states each incident's evidence capture read (by incident id), judged
     # with the group's observations while it waits in CapturingEvidence.
     captured: dict[str, tuple[AgentReport, ...]] = field(default_factory=dict)
@@ -681,6 +690,44 @@ def _tell_refusals(mem: Memory, seen: Seen, exe: Execution) -> None:
     mem.refusals = told
 
 
+def _tell_suspects(
+    rt: Runtime, mem: Memory, seen: Seen, incidents: Incidents, exe: Execution
+) -> None:
+    """A NodeSuspect Event for each node that became suspect (`suspects`: the outlier of
+    several incidents), and, with spec.recovery.suspectNodes.cordon, the node cordoned
+    before a restart places a group there (never past maxCordoned; never undone here)."""
+    spec = seen.pdd.spec.recovery.suspect_nodes
+    found = suspect_nodes(incidents.values(), seen.now, spec)
+    owner = f"{seen.namespace}/{seen.name}"
+    # A cordon refused (RBAC) is told once, not asked again every round.
+    cordon, held = cordon_decisions(
+        [s for s in found if s.node not in mem.cordon_failed], seen.nodes, owner, spec
+    )
+    for s in cordon:
+        what = s.text(spec.window_seconds)
+        failed = rt.kube.cordon_node(
+            s.node, {CORDONED_BY_ANNOTATION: owner, CORDON_REASON_ANNOTATION: what}
+        )
+        if failed is None:
+            exe.events("Warning", "NodeCordoned", f"{what}: cordoned (uncordon it by hand)")
+        else:
+            mem.cordon_failed.add(s.node)
+            exe.events("Warning", "NodeCordonFailed", f"{what}: cordon failed: {failed}")
+    for s in found:
+        if s.node in mem.suspects or s in cordon:
+            continue
+        why = next((w for h, w in held if h == s), None)
+        tail = (
+            f"; not cordoned ({why})"
+            if why
+            else "; not cordoned (spec.recovery.suspectNodes.cordon is off)"
+            if not spec.cordon
+            else ""
+        )
+        exe.events("Warning", "NodeSuspect", s.text(spec.window_seconds) + tail)
+    mem.suspects = {s.node for s in found}
+
+
 def _execute(
     mem: Memory,
     seen: Seen,
@@ -787,6 +834,7 @@ def _record(
         )
         writes += 1
     mem.records, mem.incidents, mem.persisted = records, incidents, persisted
+    _tell_suspects(rt, mem, seen, incidents, exe)
     _update_targets(rt, pdd, namespace, name, records, seen.by_group)
     status = derive_status(
         pdd,

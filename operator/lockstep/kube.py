@@ -277,6 +277,23 @@ class Kube:
                 c.GROUP, c.VERSION, namespace, ROLE_SCALES, name, patch
             )
 
+    def cordon_node(self, name: str, annotations: Mapping[str, str]) -> str | None:
+        """Cordon a node (spec.unschedulable, as `kubectl cordon` does) and annotate why;
+        None when done, else why not (the chart grants it only with rbac.cordonNodes: the
+        API server refuses with 403 otherwise)."""
+        body = {"metadata": {"annotations": dict(annotations)}, "spec": {"unschedulable": True}}
+        try:
+            self.core.patch_node(name, body)
+        except ApiException as err:
+            hint = (
+                " (the operator may not patch nodes: install the chart with rbac.cordonNodes=true)"
+                if err.status == 403
+                else ""
+            )
+            return f"HTTP {err.status} {err.reason}{hint}"
+        log.info("cordoned node %s: %s", name, dict(annotations))
+        return None
+
     def patch_pddeployment_status(self, namespace: str, name: str, status: Obj) -> None:
         """Merge-patch the status subresource of a PDDeployment."""
         self.custom.patch_namespaced_custom_object_status(

@@ -24,6 +24,10 @@ MOVE_EFFECTS = ("NoSchedule", "NoExecute")
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
+# The annotation on a node lockstep cordoned as a suspect: `<namespace>/<deployment>`.
+CORDONED_BY_ANNOTATION = "lockstep.dev/cordoned-by"
+
+
 @dataclass(frozen=True)
 class NodeState:
     """What the operator keeps of a Node (from its watch): enough to judge maintenance."""
@@ -36,6 +40,8 @@ class NodeState:
     gpus: str = ""
     # Its labels (what node affinity and topology keys select on).
     labels: tuple[tuple[str, str], ...] = ()
+    # The deployment (`<namespace>/<name>`) that cordoned it as a suspect (`suspects`).
+    cordoned_by: str | None = None
 
     @classmethod
     def from_k8s(cls, node: Mapping[str, Any]) -> NodeState:
@@ -52,6 +58,9 @@ class NodeState:
             taints=taints,
             gpus=str(allocatable.get(GPU_RESOURCE, "")),
             labels=tuple(sorted(((node.get("metadata") or {}).get("labels") or {}).items())),
+            cordoned_by=((node.get("metadata") or {}).get("annotations") or {}).get(
+                CORDONED_BY_ANNOTATION
+            ),
         )
 
 

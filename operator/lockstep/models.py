@@ -465,6 +465,28 @@ class InPlaceSpec(CRDModel):
     )
 
 
+class SuspectNodesSpec(CRDModel):
+    """A node that hosts the outlier rank of several incidents (`status.incidents[].
+    outliers`) is suspect: the NodesSuspect condition and a NodeSuspect Event say so, and
+    with `cordon` the operator cordons it (never more than `maxCordoned` at once; it never
+    uncordons: a person does, `kubectl uncordon`)."""
+
+    incidents: int = Field(
+        3, ge=2, le=100, description="Incidents whose outlier ran on one node that make it suspect."
+    )
+    window_seconds: int = Field(
+        3600, ge=60, le=604800, description="Within this long (by each incident's verdict time)."
+    )
+    cordon: bool = Field(
+        False,
+        description="Cordon a suspect node (spec.unschedulable), so no restart places a group "
+        "there; the chart must grant it (rbac.cordonNodes: true).",
+    )
+    max_cordoned: int = Field(
+        1, ge=1, le=10, description="Nodes this deployment keeps cordoned at most."
+    )
+
+
 class RecoverySpec(CRDModel):
     """What the operator does with a broken group."""
 
@@ -501,6 +523,11 @@ class RecoverySpec(CRDModel):
     diagnostics: DiagnosticsSpec = Field(
         default_factory=DiagnosticsSpec,
         description="Evidence capture.",
+        json_schema_extra=_obj_default(),
+    )
+    suspect_nodes: SuspectNodesSpec = Field(
+        default_factory=SuspectNodesSpec,
+        description="Nodes that host the outlier of several incidents.",
         json_schema_extra=_obj_default(),
     )
 
@@ -748,7 +775,9 @@ class Incident(CRDModel):
 class Condition(CRDModel):
     """A standard Kubernetes condition."""
 
-    type: str = Field(description="Ready, Progressing, Degraded, Schedulable or FlagsAdjusted.")
+    type: str = Field(
+        description="Ready, Progressing, Degraded, Schedulable, FlagsAdjusted or NodesSuspect."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
     reason: str = Field("", description="CamelCase reason.")
     message: str = Field("", description="Human-readable message.")

@@ -35,6 +35,7 @@ from lockstep.objects import label, rfc3339
 from lockstep.policy import PolicyResult
 from lockstep.recovery import GroupRecord, Step, status_state
 from lockstep.rolescale import role_scale_name
+from lockstep.suspects import suspect_nodes
 from lockstep.verdicts import pod_view_from_k8s
 
 GroupId = tuple[str, int]  # role, group
@@ -266,6 +267,22 @@ def derive_status(
             gen,
         ),
     ]
+    # Nodes behind the outlier of several incidents (`suspects`).
+    watch = pdd.spec.recovery.suspect_nodes
+    suspects = suspect_nodes(incidents.values(), now, watch)
+    conditions.append(
+        condition(
+            old_conditions,
+            "NodesSuspect",
+            bool(suspects),
+            "OutlierNodes" if suspects else "NoSuspectNode",
+            "; ".join(x.text(watch.window_seconds) for x in suspects)
+            or f"no node hosted the outlier of {watch.incidents} incidents in "
+            f"{watch.window_seconds}s",
+            now,
+            gen,
+        )
+    )
     by_incident = {r.incident.id: r for r in records.values() if r.incident is not None}
     max_bytes = pdd.spec.recovery.diagnostics.max_evidence_bytes
     shown = [

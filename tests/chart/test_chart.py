@@ -55,6 +55,7 @@ VALUE_SETS: dict[str, Obj] = {
         **CERT_MANAGER,
     },
     "webhook-cert-manager": CERT_MANAGER,
+    "cordon-nodes": {"rbac": {"cordonNodes": True}, **CERT_MANAGER},
     "webhook-cert-manager-cluster-issuer": {
         "webhook": {
             "certManager": {
@@ -621,6 +622,12 @@ RBAC_CASES: dict[str, tuple[Rules, Rules, Rules]] = {
     "cluster-rbac-some-namespaces": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}, CERT_SECRET),
     "namespaced-rbac": (NAMESPACED_RULES, {**CLUSTER_READ, **WEBHOOK_CA}, CERT_SECRET),
     "ha-namespaced": (NAMESPACED_RULES, CLUSTER_READ, LEASE),
+    # Suspect nodes may be cordoned: patch on nodes, and nothing else more.
+    "cordon-nodes": (
+        NAMESPACED_RULES,
+        {**CLUSTER_READ, ("", "nodes"): {"list", "watch", "patch"}},
+        {},
+    ),
 }
 
 

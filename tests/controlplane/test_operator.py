@@ -78,10 +78,12 @@ def env(controlplane: LocalControlPlane, namespace: str, tmp_path: Path) -> Iter
         print(operator.log_tail())
 
 
-def apply_small(e: Env, **spec: Any) -> None:
+def apply_small(e: Env, annotations: dict[str, str] | None = None, **spec: Any) -> None:
     """pd-small with a decode group spanning two pods, fast probes and no backoff."""
     obj = yaml.safe_load((REPO / "examples/pd-small.yaml").read_text())
     obj["metadata"]["namespace"] = e.ns
+    if annotations:
+        obj["metadata"].setdefault("annotations", {}).update(annotations)
     obj["spec"]["decode"].update({"podsPerGroup": 2, "gpusPerPod": 1})
     # FakeKubelet plays these pods: keep the scheduler from binding them to the nodes of
     # a ProcessKubelet another test module registered (their deletion would evict them).
@@ -537,3 +539,70 @@ def test_a_runtime_that_refuses_to_start_says_why_in_status_and_an_event(env: En
     time.sleep(3)
     events = [m for r, m in env.events() if r == "RuntimeRefused"]
     assert len(events) == 3, events  # prefill/0, decode/0's two pods
+
+
+@pytest.mark.timeout(180)
+def test_a_node_behind_the_outlier_of_three_incidents_is_named_and_cordoned_only_when_asked(
+    env: Env,
+) -> None:
+    """Three incidents of the history whose outlier rank ran on one node: the
+    NodesSuspect condition and a NodeSuspect Event name it; the cordon waits for
+    spec.recovery.suspectNodes.cordon, then the real API server's Node is cordoned with
+    the reason; a person who uncordons it is not overruled."""
+    from lockstep.maintenance import CORDONED_BY_ANNOTATION
+    from lockstep.models import Incident, IncidentOutlier
+    from lockstep.objects import rfc3339
+    from lockstep.records import ANNOTATION_INCIDENTS
+
+    node = f"suspect-{env.ns}"
+    taint = {"key": "lockstep.dev/test-only", "effect": "NoSchedule"}
+    env.core.create_node({"metadata": {"name": node}, "spec": {"taints": [taint]}})
+    try:
+        history = [
+            Incident(
+                id=f"decode-0-{n}",
+                role="decode",
+                group=0,
+                epoch=n,
+                verdict="RankDown",
+                state="Closed",
+                detected_time=rfc3339(time.time() - 600 + n, "microseconds"),
+                outliers=[IncidentOutlier(pod="qwen-small-decode-0-1", rank=1, node=node,
+                                          why="its process is stopped")],
+            ).model_dump(by_alias=True, exclude_none=True)
+            for n in (1, 2, 3)
+        ]  # fmt: skip
+        recovery: dict[str, Any] = {"backoff": {"baseSeconds": 0, "maxSeconds": 0}}
+        # The history as an operator persisted it (the annotation it loads its memory from).
+        apply_small(env, {ANNOTATION_INCIDENTS: json.dumps(history)}, recovery=recovery)
+
+        def suspect() -> dict[str, Any]:
+            conds = env.status().get("conditions") or []
+            return next((c for c in conds if c["type"] == "NodesSuspect"), {})
+
+        wait_for(lambda: suspect().get("status") == "True", 60, "the NodesSuspect condition")
+        assert suspect()["message"].startswith(f"node {node} hosted the outlier rank of 3")
+        wait_for(
+            lambda: any(r == "NodeSuspect" and node in m for r, m in env.events()),
+            30,
+            "the NodeSuspect Event",
+        )
+        told = next(m for r, m in env.events() if r == "NodeSuspect")
+        assert "not cordoned (spec.recovery.suspectNodes.cordon is off)" in told
+        assert not env.core.read_node(node).spec.unschedulable  # off by default
+
+        recovery["suspectNodes"] = {"cordon": True}
+        env.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, env.ns, PLURAL, NAME, {"spec": {"recovery": recovery}}
+        )
+        wait_for(lambda: bool(env.core.read_node(node).spec.unschedulable), 30, "the cordon")
+        annotations = env.core.read_node(node).metadata.annotations
+        assert annotations[CORDONED_BY_ANNOTATION] == f"{env.ns}/{NAME}"
+        assert any(r == "NodeCordoned" and node in m for r, m in env.events())
+        # A person uncordons it: the operator leaves it so.
+        env.core.patch_node(node, {"spec": {"unschedulable": False}})
+        time.sleep(5)
+        assert not env.core.read_node(node).spec.unschedulable
+        assert suspect().get("status") == "True"
+    finally:
+        env.core.delete_node(node)

@@ -100,10 +100,11 @@
   verbs: ["list", "watch"]
 # Node maintenance: which node each pod runs on is cordoned or being drained
 # (spec.unschedulable, taints) and where it sits (topology labels). Nodes exist only
-# cluster-wide, so this is here even when the operator watches some namespaces; read-only.
+# cluster-wide, so this is here even when the operator watches some namespaces; read-only,
+# unless rbac.cordonNodes lets it cordon a suspect node (spec.recovery.suspectNodes).
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list", "watch"]
+  verbs: {{ if .Values.rbac.cordonNodes }}["list", "watch", "patch"]{{ else }}["list", "watch"]{{ end }}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}
 # Self-signed webhook certificate: the operator patches its CA into the caBundle of this
 # release's two webhook configurations, and no others.
