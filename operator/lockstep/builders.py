@@ -595,6 +595,9 @@ def build_router(pdd: PDDeployment) -> list[Obj]:
         str(c.PORT_ROUTER),
         "--prometheus-port",
         str(c.PORT_ROUTER_METRICS),
+        # The pod's addresses, so Prometheus can scrape it (said, not left to the default).
+        "--prometheus-host",
+        "0.0.0.0",
     ]
     if namespace:
         args += ["--service-discovery-namespace", namespace]

@@ -258,6 +258,12 @@ def test_the_argv_maps_the_entrypoint_and_rewrites_hosts_and_mounts() -> None:
     assert argv[-1] == "--dir=/local/v/m"
     argv = with_pod_host(with_dist_init_ip(argv, "127.0.64.9"), "127.0.64.8")
     assert argv[3:7] == ["--host", "127.0.64.8", "--dist-init-addr", "127.0.64.9:5000"]
+    # The router's metrics listener too (two routers on this machine collided on
+    # 0.0.0.0:29000), in both spellings; a named address is kept.
+    router = ["--prometheus-host", "0.0.0.0", "--prometheus-host=::", "--host", "10.0.0.1"]
+    assert with_pod_host(router, "127.0.64.7") == [
+        "--prometheus-host", "127.0.64.7", "--prometheus-host=127.0.64.7", "--host", "10.0.0.1",
+    ]  # fmt: skip
     with pytest.raises(CannotRun, match="no command"):
         local_argv({"name": "c", "image": "x"}, {}, commands)
     with pytest.raises(CannotRun, match="not mapped"):

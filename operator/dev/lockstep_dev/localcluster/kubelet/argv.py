@@ -37,6 +37,9 @@ DIST_INIT_FLAG = "--dist-init-addr"
 DIST_INIT_FLAGS = (DIST_INIT_FLAG, "--nccl-init-addr")  # SGLang takes both spellings
 WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
 HOST_FLAG = "--host"
+# Every flag whose wildcard value means "the pod's addresses": the server's, and the
+# sglang-router's metrics listener (two routers on this machine collided on it).
+HOST_FLAGS = (HOST_FLAG, "--prometheus-host")
 
 
 def local_argv(
@@ -126,13 +129,14 @@ def with_dist_init_ip(argv: Sequence[str], ip: str) -> list[str]:
 
 
 def with_pod_host(argv: Sequence[str], ip: str) -> list[str]:
-    """`argv` with a wildcard `--host` (0.0.0.0, ::) replaced by the pod's address: in a
-    pod the wildcard means the pod's own addresses, and here every pod shares the host's
-    network, so two pods binding 0.0.0.0 on one port would collide."""
+    """`argv` with a wildcard `--host` or `--prometheus-host` (0.0.0.0, ::) replaced by
+    the pod's address: in a pod the wildcard means the pod's own addresses, and here every
+    pod shares the host's network, so two pods binding 0.0.0.0 on one port would collide."""
     out = list(argv)
     for i, arg in enumerate(out):
-        if arg == HOST_FLAG and i + 1 < len(out) and out[i + 1] in WILDCARD_HOSTS:
+        flag, eq, value = arg.partition("=")
+        if arg in HOST_FLAGS and i + 1 < len(out) and out[i + 1] in WILDCARD_HOSTS:
             out[i + 1] = ip
-        elif arg.startswith(HOST_FLAG + "=") and arg.split("=", 1)[1] in WILDCARD_HOSTS:
-            out[i] = f"{HOST_FLAG}={ip}"
+        elif eq and flag in HOST_FLAGS and value in WILDCARD_HOSTS:
+            out[i] = f"{flag}={ip}"
     return out
