@@ -71,10 +71,13 @@ class CapturePart:
     pod: str
     kind: str  # "ranks" | "stacks" | "log"
     text: str
+    # The text starts on the header's line (a log's lines start on the next one, a log
+    # that could not be read says so on it).
+    inline: bool = True
 
     @property
     def header(self) -> str:
-        return f"[{self.pod}] {self.kind}:" + ("\n" if self.kind == "log" else " ")
+        return f"[{self.pod}] {self.kind}:" + (" " if self.inline else "\n")
 
 
 def split_capture(captured: str) -> list[CapturePart]:
@@ -82,11 +85,12 @@ def split_capture(captured: str) -> list[CapturePart]:
     before the first section, and a trimmed-summary line, are dropped."""
     parts: list[CapturePart] = []
     pod = kind = ""
+    inline = True
     lines: list[str] = []
 
     def close() -> None:
         if kind:
-            parts.append(CapturePart(pod, kind, "\n".join(lines)))
+            parts.append(CapturePart(pod, kind, "\n".join(lines), inline))
 
     for line in captured.split("\n"):
         m = SECTION.match(line + "\n")
@@ -94,7 +98,8 @@ def split_capture(captured: str) -> list[CapturePart]:
             close()
             pod, kind = m["pod"], m["kind"]
             rest = line[m.end() :] if len(line) >= m.end() else ""
-            lines = [] if kind == "log" and not rest else [rest]
+            inline = not (kind == "log" and not rest)
+            lines = [rest] if inline else []
         elif line.startswith(TRIMMED_LINE.split("{", 1)[0]):
             continue
         else:

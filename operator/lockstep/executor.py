@@ -593,7 +593,7 @@ class Execution:
                     logs = self.deps.kube.core.read_namespaced_pod_log(
                         name, self.namespace, tail_lines=action.log_lines
                     )
-                    parts.append(CapturePart(name, "log", str(logs)))
+                    parts.append(CapturePart(name, "log", str(logs), inline=False))
                 except Exception as err:
                     parts.append(CapturePart(name, "log", f"unavailable ({type(err).__name__})"))
             return parts, ranks_text

@@ -51,7 +51,7 @@ def tp8_over_two_pods() -> list[CapturePart]:
         parts += [
             CapturePart(name, "ranks", ranks_json(pod, ranks)),
             CapturePart(name, "stacks", stacks(pod, ranks)),
-            CapturePart(name, "log", log(pod)),
+            CapturePart(name, "log", log(pod), inline=False),
         ]
     return parts
 
@@ -85,7 +85,8 @@ def test_every_pod_keeps_its_rank_states_stacks_and_log_tail_within_the_cap() ->
 
 def test_a_capture_within_the_cap_is_kept_as_it_is() -> None:
     parts = [CapturePart("m-decode-0-0", "ranks", ranks_json(0, range(2))),
-             CapturePart("m-decode-0-0", "log", "one\ntwo\n")]  # fmt: skip
+             CapturePart("m-decode-0-0", "log", "one\ntwo\n", inline=False),
+             CapturePart("m-decode-0-1", "log", "unavailable (ApiException)")]  # fmt: skip
     text = fit_capture(parts, CAP)
     assert "trimmed" not in text
     assert split_capture(text) == parts
