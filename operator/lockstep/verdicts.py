@@ -468,17 +468,28 @@ def classify_group(
             for pod in dict.fromkeys(culprits)
         ]
         return verdict(Verdict.RANK_DOWN, True, down[0], culprits, named)
-    exited = [r for r in ranks if not r.alive]
-    if exited:
-        signals.add(Signal.RANK_EXITED)
-        names = [f"{r.pod}/r{r.rank}" for r in exited]
-        evidence["ranks_exited"] = _bounded(names)
+
+    def ranks_down(
+        found: list[RankState], signal: Signal, what: str, key: str, *, immediate: bool, shown: bool
+    ) -> GroupVerdict:
+        """RankDown for `found`: the rank processes gone, or stopped (`shown`: the state
+        follows each name)."""
+        signals.add(signal)
+        names = [f"{r.pod}/r{r.rank}" + (f" ({r.process})" if shown else "") for r in found]
+        evidence[key] = _bounded(names)
         return verdict(
             Verdict.RANK_DOWN,
-            True,
-            f"rank process gone: {', '.join(names[:4])}",
-            [r.pod for r in exited],
-            [Outlier(r.pod, r.rank, "its process is gone") for r in exited],
+            immediate,
+            f"rank process {what}: {', '.join(names[:4])}",
+            [r.pod for r in found],
+            [Outlier(r.pod, r.rank, f"its process is {r.process if shown else what}")
+             for r in found],
+        )  # fmt: skip
+
+    exited = [r for r in ranks if not r.alive]
+    if exited:
+        return ranks_down(
+            exited, Signal.RANK_EXITED, "gone", "ranks_exited", immediate=True, shown=False
         )
 
     if obs.probe.ok:
@@ -492,15 +503,8 @@ def classify_group(
     # a moment gets the failure threshold's probes to go on.
     stopped = [r for r in ranks if r.process in STOPPED_PROCESS_STATES]
     if stopped:
-        signals.add(Signal.RANK_STOPPED)
-        names = [f"{r.pod}/r{r.rank} ({r.process})" for r in stopped]
-        evidence["ranks_stopped"] = _bounded(names)
-        return verdict(
-            Verdict.RANK_DOWN,
-            False,
-            f"rank process stopped: {', '.join(names[:4])}",
-            [r.pod for r in stopped],
-            [Outlier(r.pod, r.rank, f"its process is {r.process}") for r in stopped],
+        return ranks_down(
+            stopped, Signal.RANK_STOPPED, "stopped", "ranks_stopped", immediate=False, shown=True
         )
     if not ranks:
         not_started = Signal.POD_NOT_STARTED in signals
