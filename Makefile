@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest
 
 .PHONY: demo test venv tools controlplane lint test-unit test-chart test-controlplane \
-        test-distributed test-sglang test-realsglang test-e2e crd
+        test-distributed test-sglang test-realsglang test-releases test-e2e crd
 
 venv:
 	@bash .ci/setup-venv
@@ -51,6 +51,11 @@ test-sglang: venv
 	$(PYTEST) -m sglang tests
 test-realsglang: venv
 	$(PYTEST) -m realsglang tests
+# The real server of every supported SGLang release (0.5.21, 0.5.22, 0.5.23), each from
+# its own venv with the torch it pins (.ci/setup-release-venv makes 0.5.21's and 0.5.22's
+# on first use, with uv from its cache: under a minute each).
+test-releases: venv
+	$(PYTEST) -m releases tests
 test-e2e: venv tools controlplane
 	$(PYTEST) -m e2e tests
 

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "controlplane", "distributed", "sglang", "realsglang", "e2e", "chart")
+TIERS = (
+    "unit",
+    "controlplane",
+    "distributed",
+    "sglang",
+    "realsglang",
+    "releases",
+    "e2e",
+    "chart",
+)
 TESTS_DIR = Path(__file__).parent
 
 

@@ -34,9 +34,12 @@ def test_an_agent_that_cannot_answer_escalates_to_recreate_away_from_its_node() 
 @pytest.mark.timeout(900)
 def test_steps_of_5_to_60_seconds_under_traffic_are_never_restarted() -> None:
     # Default step bounds; each length in turn for two whole steps (the drill checks
-    # no incident, no restart and no warning Event per length).
-    r = drill("slow")
-    assert [f["step_s"] for f in r.slow] == [5.0, 15.0, 30.0, 60.0]
+    # no incident, no restart and no warning Event per length). CI runs the shortest and
+    # the longest length the promise covers (a longer step only keeps the probe failing
+    # longer, judged by the same bound); `lockstep dev drill --scenario slow` runs all
+    # four (5, 15, 30 and 60 s).
+    r = drill("slow", slow_steps=(5.0, 60.0))
+    assert [f["step_s"] for f in r.slow] == [5.0, 60.0]
     assert all(f["restarts"] == 0 and f["warning_events"] == 0 for f in r.slow)
     # Not vacuous: the long steps made the deep probe fail, and were judged busy.
     assert all(f["failed_probes_seen"] > 0 for f in r.slow if f["step_s"] >= 15)

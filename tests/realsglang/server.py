@@ -1,4 +1,6 @@
-"""The real SGLang 0.5.23 server through ``lockstep-sglang``, on CPU, for tests.
+"""The real SGLang server through ``lockstep-sglang``, on CPU, for tests (0.5.23 from the
+test venv; another supported release with ``python=`` its own venv's interpreter, see
+``.ci/setup-release-venv``).
 
 ``RealServer`` starts the launcher exactly as a pod's container would (the launcher as
 the main process, its pod agent, the engine with lockstep's hooks, SGLang's schedulers)
@@ -61,10 +63,12 @@ class RealServer:
         hold_s: float = 30.0,
         cores: Sequence[int] | None = None,
         mode: str | None = None,
+        python: str = sys.executable,
     ) -> None:
         """``mode``: ``prefill`` or ``decode`` for a PD server (mooncake over TCP; a
         prefill gets a bootstrap port), None for a plain one."""
         self.workdir = workdir
+        self.python = python
         self.state_dir = workdir / "state"
         self.fault_file = workdir / "fault.json"
         self.port = free_port()
@@ -125,7 +129,7 @@ class RealServer:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.starts += 1
         self.workdir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "lockstep_sglang.launcher", *self.args, *extra]
+        cmd = [self.python, "-m", "lockstep_sglang.launcher", *self.args, *extra]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

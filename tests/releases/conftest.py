@@ -1,0 +1,56 @@
+"""Fixtures of the releases tier: every supported SGLang release's real server on CPU,
+each from a virtual environment of its own with the torch that release pins.
+
+0.5.23 runs from the test venv (``.ci/setup-venv`` installs its pins); 0.5.21 and 0.5.22
+from ``.venv-releases/<version>`` (``.ci/setup-release-venv``, run here when missing: a
+first run downloads and installs a torch per release, minutes). The servers are the
+real-SGLang tier's (``tests/realsglang/server.py``): the launcher as a pod's container
+runs it, killed when the test ends.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lockstep_dev.localcluster import sglang_cpu
+
+REPO = Path(__file__).resolve().parents[2]
+# The real-SGLang tier's server harness, shared rather than copied.
+sys.path.insert(0, str(REPO / "tests" / "realsglang"))
+
+from release_venvs import release_python  # noqa: E402
+from server import RealServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return sglang_cpu.ensure_model()
+
+
+@pytest.fixture
+def release_server(tiny_model: Path) -> Iterator[Callable[..., RealServer]]:
+    """``release_server(version, **options)``: a started server of that release."""
+    started: list[RealServer] = []
+    dirs: list[Path] = []
+
+    def make(version: str, **options: Any) -> RealServer:
+        workdir = Path(tempfile.mkdtemp(prefix=f"ls-release-{version}-"))
+        dirs.append(workdir)
+        server = RealServer(workdir, tiny_model, python=release_python(version), **options)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()
+        for workdir in dirs:
+            shutil.rmtree(workdir, ignore_errors=True)
