@@ -152,6 +152,20 @@ def build_evidence_configmap(pdd: PDDeployment, data: Mapping[str, str]) -> Obj:
     }
 
 
+def build_full_capture_configmap(
+    pdd: PDDeployment, name: str, incident_id: str, capture: str
+) -> Obj:
+    """A whole capture's ConfigMap (`lockstep.evidence`: one slot of the ring): the
+    incident it belongs to and its capture."""
+    labels = {c.LABEL_COMPONENT: "evidence-capture"}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(pdd, name, labels),
+        "data": {"incident": incident_id, "capture": capture},
+    }
+
+
 def agent_token_secret_name(pdd: PDDeployment) -> str:
     """The Secret holding the pod agents' restart token."""
     return f"{pdd.metadata.name}-agent-token"

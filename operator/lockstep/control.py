@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -475,6 +475,8 @@ def _run_round(
             r.incident.id: r.incident.epoch for r in mem.records.values() if r.incident
         },
         routers=mem.routers,
+        entries=seen.entries,
+        incidents_oldest_first=list(mem.incidents),  # in the order opened
     )  # fmt: skip
     done = _execute(mem, seen, judged, plans, exe)
     return _record(rt, mem, seen, exe, done, old_conditions)
@@ -822,7 +824,7 @@ def _record(
         namespace,
         name,
         seen.key[2],
-        _evidence_changes(seen.entries, done.actions, exe.evidence),
+        _evidence_changes(seen.entries, done.actions, exe.evidence, exe.full_evicted),
         keep=incidents.keys(),
         build=lambda data: build_evidence_configmap(pdd, data),
     )
@@ -937,10 +939,15 @@ def _evidence_changes(
     entries: Mapping[str, EvidenceEntry],
     actions: Sequence[Action],
     captured: Mapping[str, EvidenceEntry],
+    full_evicted: Collection[str] = (),
 ) -> dict[str, EvidenceEntry]:
     """The evidence store's new entries: the planner's summary of each incident it opened
-    or updated, and what this round's captures found."""
+    or updated, what this round's captures found, and the incidents whose whole capture
+    a newer incident's took the place of (no longer named)."""
     out: dict[str, EvidenceEntry] = {}
+    for incident_id in full_evicted:
+        if incident_id in entries:
+            out[incident_id] = replace(entries[incident_id], full=None)
     for action in actions:
         if isinstance(action, OpenIncident | UpdateIncident):
             inc = action.incident
@@ -948,7 +955,9 @@ def _evidence_changes(
             out[inc.id] = replace(base, verdict=inc.evidence)
     for incident_id, found in captured.items():
         base = out.get(incident_id) or entries.get(incident_id) or EvidenceEntry()
-        out[incident_id] = replace(base, captured=found.captured, cause=found.cause)
+        out[incident_id] = replace(
+            base, captured=found.captured, cause=found.cause, full=found.full
+        )
     return out
 
 

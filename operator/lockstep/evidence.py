@@ -12,6 +12,13 @@ still has, and shows, the evidence it captured. Bounded: the history's incidents
 each at most `maxEvidenceBytes` (a ConfigMap holds up to 1 MiB: 20 incidents x 16 KiB by
 default). The pure part (entries, rendering, the ConfigMap's data) is separate from the
 small I/O class at the end.
+
+A capture larger than that bound (a wide group: TP8 over two pods, TP16) is also kept
+whole, in a ConfigMap of its own (`<name>-evidence-<slot>`, at most
+`recovery.diagnostics.fullCaptures` of them, the oldest incident's slot reused), and the
+entry names it (`full`): status keeps the fitted capture and says where the whole one is.
+A ring of slots, not one ConfigMap per incident id, so the count stays bounded without
+the operator listing or deleting ConfigMaps (its grant on them is get, create, patch).
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ log = logging.getLogger(__name__)
 
 EVIDENCE_MARK = "\n--- captured before restart ---\n"
 COMPONENT = "evidence"  # the ConfigMap's lockstep.dev/component label
+FULL_COMPONENT = "evidence-capture"  # a whole capture's ConfigMap's label
+# A whole capture's bound: a ConfigMap holds 1 MiB in all (metadata, the other key).
+FULL_CAPTURE_MAX_BYTES = 786432
+FULL_NOTE = "[evidence] the whole capture: ConfigMap "
 
 
 @dataclass(frozen=True)
@@ -38,14 +49,19 @@ class EvidenceEntry:
     captured: str | None = None  # None: not captured (yet)
     # A consensus divergence found in the captured rank states: the incident's cause.
     cause: str | None = None
+    # The ConfigMap that holds the whole capture (it did not fit the bound), or None.
+    full: str | None = None
 
     def render(self, max_bytes: int) -> str:
         """The text status shows: the summary, then the capture, bounded (the capture
-        fitted to the room left with every pod's share kept, `fit_capture`)."""
+        fitted to the room left with every pod's share kept, `fit_capture`), then where
+        the whole capture is when it did not fit."""
         if self.captured is None:
             return self.verdict[:max_bytes]
-        room = max(0, max_bytes - len(self.verdict) - len(EVIDENCE_MARK))
-        return self.verdict + EVIDENCE_MARK + fit_capture(split_capture(self.captured), room)
+        note = "" if self.full is None else f"\n{FULL_NOTE}{self.full}"
+        room = max(0, max_bytes - len(self.verdict) - len(EVIDENCE_MARK) - len(note))
+        fitted = fit_capture(split_capture(self.captured), room)
+        return (self.verdict + EVIDENCE_MARK + fitted + note)[:max_bytes]
 
 
 # ------------------------------------------------------------- the capture's budget
@@ -173,10 +189,54 @@ def configmap_name(deployment: str) -> str:
     return f"{deployment}-evidence"
 
 
+def full_capture_name(deployment: str, slot: int) -> str:
+    """The ConfigMap of a PDDeployment's whole-capture slot `slot`."""
+    return f"{deployment}-evidence-{slot}"
+
+
+def whole_length(parts: Sequence[CapturePart]) -> int:
+    """How long `parts` are untrimmed (what `fit_capture` returns when they fit)."""
+    return len("\n".join(p.header + p.text for p in parts))
+
+
+def choose_full_slot(
+    deployment: str,
+    entries: Mapping[str, EvidenceEntry],
+    oldest_first: Sequence[str],
+    slots: int,
+    taken: Collection[str] = (),
+) -> tuple[str, tuple[str, ...]] | None:
+    """The ConfigMap for one more whole capture, and the incidents whose whole capture it
+    held (their entries must drop it): a slot of `slots` no entry holds, else the slot of
+    the oldest incident (`oldest_first`: incident ids; one not listed counts as oldest).
+    `taken`: slots already given this round. None when `slots` is 0 or all are taken."""
+    names = [full_capture_name(deployment, i) for i in range(max(0, slots))]
+    free = [n for n in names if n not in taken]
+    if not free:
+        return None
+    held: dict[str, list[str]] = {}
+    for incident_id, entry in entries.items():
+        if entry.full is not None:
+            held.setdefault(entry.full, []).append(incident_id)
+    for name in free:
+        if name not in held:
+            return name, ()
+    age = {incident_id: i for i, incident_id in enumerate(oldest_first)}
+
+    def oldest(name: str) -> tuple[int, str]:
+        return (min(age.get(i, -1) for i in held[name]), name)
+
+    chosen = min(free, key=oldest)
+    return chosen, tuple(sorted(held[chosen]))
+
+
 def to_data(entries: Mapping[str, EvidenceEntry]) -> dict[str, str]:
     """The ConfigMap's data: one JSON document per incident id."""
     return {
-        key: json.dumps({"verdict": e.verdict, "captured": e.captured, "cause": e.cause})
+        key: json.dumps(
+            {"verdict": e.verdict, "captured": e.captured, "cause": e.cause}
+            | ({} if e.full is None else {"full": e.full})
+        )
         for key, e in entries.items()
     }
 
@@ -191,6 +251,7 @@ def from_data(data: Mapping[str, str] | None) -> dict[str, EvidenceEntry]:
                 verdict=str(obj.get("verdict") or ""),
                 captured=None if obj.get("captured") is None else str(obj["captured"]),
                 cause=None if obj.get("cause") is None else str(obj["cause"]),
+                full=None if obj.get("full") is None else str(obj["full"]),
             )
         except (ValueError, AttributeError) as err:
             log.error("evidence %s unreadable, skipped: %s", key, err)

@@ -36,12 +36,20 @@ from lockstep.builders import (
     ROUTER_KINDS,
     agent_token_secret_name,
     build_agent_token_secret,
+    build_full_capture_configmap,
     build_router,
     role_selector,
     router_name,
     spec_hash,
 )
-from lockstep.evidence import CapturePart, EvidenceEntry, fit_capture
+from lockstep.evidence import (
+    FULL_CAPTURE_MAX_BYTES,
+    CapturePart,
+    EvidenceEntry,
+    choose_full_slot,
+    fit_capture,
+    whole_length,
+)
 from lockstep.failover import (
     ORPHAN_GRACE_SECONDS,
     EndOrder,
@@ -157,6 +165,12 @@ class Execution:
     # store, and the rank states parsed, which the next round judges with its observation.
     evidence: dict[str, EvidenceEntry] = field(default_factory=dict)
     reports: dict[str, tuple[AgentReport, ...]] = field(default_factory=dict)
+    # The evidence store's entries before this round, and the incidents oldest first: a
+    # capture too large for the bound takes a whole-capture slot (`choose_full_slot`).
+    entries: Mapping[str, EvidenceEntry] = field(default_factory=dict)
+    incidents_oldest_first: Sequence[str] = ()
+    # Incidents whose whole capture's slot a newer one took this round.
+    full_evicted: set[str] = field(default_factory=set)
     # The routers' memory (control keeps one per deployment): readiness gates set and
     # not yet in the cache `pods` comes from, the router registrations asked for.
     routers: RouterBook = field(default_factory=RouterBook)
@@ -601,8 +615,11 @@ class Execution:
         # Every pod at once: one silent agent must not hold up the others' evidence.
         with ThreadPoolExecutor(max_workers=min(len(action.pods), 16) or 1) as pool:
             results = list(pool.map(one, [ref.name for ref in action.pods]))
+        parts = [part for found, _ in results for part in found]
+        full, note = self._keep_whole(action, parts)
         # Every pod's share of the bound, not first come first served (`fit_capture`).
-        captured = fit_capture([part for found, _ in results for part in found], action.max_bytes)
+        room = action.max_bytes - (len(note) + 1 if note else 0)
+        captured = fit_capture(parts, room) + (f"\n{note}" if note else "")
         epoch = self.incident_epochs.get(action.incident_id, 0)
         reports = tuple(
             report_from_text(ref.name, text, epoch)
@@ -611,4 +628,35 @@ class Execution:
         )
         self.reports[action.incident_id] = reports
         cause = divergence_cause(r for a in reports for r in a.ranks or ())
-        self.evidence[action.incident_id] = EvidenceEntry(captured=captured, cause=cause)
+        self.evidence[action.incident_id] = EvidenceEntry(captured=captured, cause=cause, full=full)
+
+    def _keep_whole(
+        self, action: CaptureEvidence, parts: Sequence[CapturePart]
+    ) -> tuple[str | None, str]:
+        """A capture larger than its bound, kept whole in a slot ConfigMap: the slot's
+        name (None: it fit, or no slot), and a line for the fitted capture when it could
+        not be kept."""
+        size = whole_length(parts)
+        if size <= action.max_bytes or action.full_captures <= 0:
+            return None, ""
+        taken = {e.full for e in self.evidence.values() if e.full is not None}
+        chosen = choose_full_slot(
+            self.pdd.metadata.name,
+            {**self.entries, **self.evidence},
+            self.incidents_oldest_first,
+            action.full_captures,
+            taken,
+        )
+        if chosen is None:
+            return None, f"[evidence] the whole capture ({size} bytes) was not kept: no free slot"
+        name, evicted = chosen
+        whole = fit_capture(parts, FULL_CAPTURE_MAX_BYTES)
+        try:
+            self.deps.kube.apply_configmap(
+                build_full_capture_configmap(self.pdd, name, action.incident_id, whole)
+            )
+        except Exception as err:
+            log.error("%s: whole capture not kept in %s: %s", action.incident_id, name, err)
+            return None, f"[evidence] the whole capture ({size} bytes) was not kept: {_short(err)}"
+        self.full_evicted.update(i for i in evicted if i != action.incident_id)
+        return name, ""

@@ -600,10 +600,15 @@ def _ranks_table(ranks: Sequence[RankState], now: float | None) -> Table:
 
 
 def evidence_view(
-    pdd: Mapping[str, Any], configmap: Mapping[str, Any] | None, incident_id: str
+    pdd: Mapping[str, Any],
+    configmap: Mapping[str, Any] | None,
+    incident_id: str,
+    whole: Callable[[str], Mapping[str, Any] | None] = lambda name: None,
 ) -> Obj:
     """What `evidence` shows, as a plain dict (`-o json`). PluginError listing the
-    incidents there are when `incident_id` is none of them."""
+    incidents there are when `incident_id` is none of them. `whole(name)` reads the
+    ConfigMap an entry names for its whole capture (it did not fit the bound): its
+    sections are shown instead of the fitted ones while it still holds this incident."""
     meta, status = objects.meta(pdd), pdd.get("status") or {}
     entries = from_data((configmap or {}).get("data"))
     incidents = {str(i.get("id")): i for i in status.get("incidents") or []}
@@ -623,6 +628,12 @@ def evidence_view(
         entry = EvidenceEntry(summary, captured if mark else None)
         source = "status"
     inc = incidents.get(incident_id, {})
+    shown: str | None = entry.captured
+    whole_from: str | None = None
+    if entry.full is not None:
+        data = (whole(entry.full) or {}).get("data") or {}
+        if data.get("incident") == incident_id and data.get("capture") is not None:
+            shown, whole_from = str(data["capture"]), entry.full
     return {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
@@ -636,7 +647,8 @@ def evidence_view(
         "summary": entry.verdict,
         "cause": entry.cause,
         "captured": entry.captured is not None,
-        "sections": split_captured(entry.captured or ""),
+        "wholeCapture": whole_from,
+        "sections": split_captured(shown or ""),
     }
 
 
@@ -654,6 +666,8 @@ def format_evidence(view: Mapping[str, Any], *, logs: bool) -> str:
     parts: list[RenderableType] = [title]
     if view["source"] == "status":
         parts.append(f"(no entry in ConfigMap {configmap_name(str(view['name']))}: from status)")
+    if view.get("wholeCapture"):
+        parts.append(f"(the whole capture, from ConfigMap {view['wholeCapture']})")
     parts += ["", "Verdict", *(f"  {line}" for line in (view["summary"] or "-").splitlines())]
     if view["cause"]:
         parts += ["", f"Cause: {view['cause']}"]
@@ -898,11 +912,15 @@ class Cluster:
 
     def evidence_configmap(self, name: str) -> Obj | None:
         """The deployment's evidence ConfigMap; None when there is none."""
+        return self.configmap(configmap_name(name))
+
+    def configmap(self, name: str) -> Obj | None:
+        """A ConfigMap of the namespace; None when there is none."""
         try:
             resp = self._call(
-                f"reading ConfigMap {configmap_name(name)}",
+                f"reading ConfigMap {name}",
                 self.core.read_namespaced_config_map,
-                configmap_name(name),
+                name,
                 self.namespace,
                 _preload_content=False,
                 expect=(404,),
@@ -1011,7 +1029,9 @@ def run(args: argparse.Namespace, cluster: Cluster, now: float, out: TextIO) -> 
         view = incidents_view(pdd, cluster.pods(args.name), cluster.events(uid), now)
         text = format_incidents(view, now)
     elif args.command == "evidence":
-        view = evidence_view(pdd, cluster.evidence_configmap(args.name), args.incident)
+        view = evidence_view(
+            pdd, cluster.evidence_configmap(args.name), args.incident, cluster.configmap
+        )
         text = format_evidence(view, logs=args.logs)
     elif args.command == "restart":
         for _ in range(3):  # the operator writes annotations too: read, check, write again

@@ -444,6 +444,16 @@ class DiagnosticsSpec(CRDModel):
     max_evidence_bytes: int = Field(
         16384, ge=1024, le=262144, description="Bound on the evidence kept per incident."
     )
+    full_captures: int = Field(
+        3,
+        ge=0,
+        le=20,
+        description=(
+            "Captures larger than maxEvidenceBytes also kept whole, each in a ConfigMap "
+            "<name>-evidence-<slot>: at most this many, the oldest incident's slot reused "
+            "(0: none)."
+        ),
+    )
 
 
 class InPlaceSpec(CRDModel):

@@ -101,7 +101,9 @@ def incident_view(
         if record is not None and record.incident is not None and record.incident.id == incident.id
         else (entry.verdict if entry is not None else "")
     )
-    shown = EvidenceEntry(summary, entry.captured if entry else None).render(max_bytes)
+    shown = EvidenceEntry(
+        summary, entry.captured if entry else None, full=entry.full if entry else None
+    ).render(max_bytes)
     view["evidence"] = shown
     return view
 

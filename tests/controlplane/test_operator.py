@@ -606,3 +606,82 @@ def test_a_node_behind_the_outlier_of_three_incidents_is_named_and_cordoned_only
         assert suspect().get("status") == "True"
     finally:
         env.core.delete_node(node)
+
+
+@pytest.mark.timeout(240)
+def test_a_capture_over_the_bound_is_kept_whole_in_a_slot_configmap_the_oldest_reused(
+    env: Env,
+) -> None:
+    """With maxEvidenceBytes 1024 a 2-pod group's capture does not fit: status keeps the
+    fitted capture and names the ConfigMap with the whole one; with one slot, the next
+    incident's whole capture takes the slot and the first one no longer names it."""
+    from lockstep.evidence import FULL_NOTE, split_capture
+    from lockstep.kubectl_plugin import evidence_view
+
+    recovery = {
+        "backoff": {"baseSeconds": 0, "maxSeconds": 0},
+        "diagnostics": {"maxEvidenceBytes": 1024, "fullCaptures": 1},
+    }
+    apply_small(env, recovery=recovery)
+    slot = f"{NAME}-evidence-0"
+
+    def read(name: str) -> dict[str, Any] | None:
+        try:
+            cm = env.core.read_namespaced_config_map(name, env.ns)
+        except k8s.ApiException as err:
+            assert err.status == 404
+            return None
+        return {"metadata": {"name": name}, "data": dict(cm.data or {})}
+
+    def desync_until_epoch(epoch: int) -> None:
+        wait_for(lambda: healthy(env), 60, f"both groups healthy before epoch {epoch}")
+        for fake in env.kubelet.fakes(DECODE):
+            fake.set_mode("desync")
+        wait_for(lambda: env.group("decode", 0).get("epoch") == epoch, 60, f"epoch {epoch}")
+
+    desync_until_epoch(1)
+    whole = wait_for(
+        lambda: (cm := read(slot)) and cm["data"].get("incident") == "decode-0-1" and cm,
+        30,
+        "the whole capture of decode-0-1 in its slot",
+    )
+    capture = whole["data"]["capture"]
+    assert len(capture) > 1024 and "trimmed" not in capture
+    pods = {p.metadata.name for p in env.pods(DECODE)}
+    sections = {(p.pod, p.kind) for p in split_capture(capture)}
+    assert {(pod, kind) for pod in pods for kind in ("ranks", "stacks")} <= sections
+    owner = env.core.read_namespaced_config_map(slot, env.ns).metadata.owner_references[0]
+    assert owner.kind == "PDDeployment" and owner.name == NAME  # goes with the deployment
+
+    def incident(incident_id: str) -> dict[str, Any]:
+        return next(i for i in env.status().get("incidents") or [] if i["id"] == incident_id)
+
+    first = wait_for(
+        lambda: FULL_NOTE in (i := incident("decode-0-1")).get("evidence", "") and i,
+        30,
+        "status naming the whole capture",
+    )
+    assert len(first["evidence"]) <= 1024
+    assert first["evidence"].endswith(f"{FULL_NOTE}{slot}")
+    # kubectl lockstep evidence shows the whole capture's sections, not the fitted ones.
+    pdd = env.custom.get_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, NAME)
+    view = evidence_view(pdd, read(f"{NAME}-evidence"), "decode-0-1", read)
+    assert view["wholeCapture"] == slot
+    assert {(s["pod"], s["kind"]) for s in view["sections"]} == sections
+
+    # The second incident takes the only slot; the first keeps its fitted capture.
+    wait_for(lambda: env.group("decode", 0).get("state") == "Healthy", 60, "re-admitted")
+    desync_until_epoch(2)
+    wait_for(
+        lambda: (cm := read(slot)) and cm["data"].get("incident") == "decode-0-2",
+        30,
+        "decode-0-2's whole capture in the reused slot",
+    )
+    wait_for(
+        lambda: FULL_NOTE not in incident("decode-0-1").get("evidence", ""),
+        30,
+        "decode-0-1 no longer naming the slot",
+    )
+    assert "captured before restart" in incident("decode-0-1")["evidence"]
+    assert incident("decode-0-2")["evidence"].endswith(f"{FULL_NOTE}{slot}")
+    assert read(f"{NAME}-evidence-1") is None  # one slot: bounded

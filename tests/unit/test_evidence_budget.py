@@ -111,3 +111,48 @@ def test_fair_shares_give_what_a_small_one_leaves_to_the_others() -> None:
     assert fair_shares([10, 20], 1000) == [10, 20]
     assert fair_shares([], 100) == []
     assert sum(fair_shares([7, 9, 11, 13], 20)) <= 20
+
+
+# ------------------------------------------------ the whole capture, when it does not fit
+
+
+def test_a_capture_over_the_cap_takes_a_free_slot_then_the_oldest_incidents() -> None:
+    from lockstep.evidence import choose_full_slot
+
+    def held(**slots: str) -> dict[str, EvidenceEntry]:
+        return {i: EvidenceEntry(captured="x", full=f"m-evidence-{s}") for i, s in slots.items()}
+
+    order = ["decode-0-1", "decode-0-2", "prefill-0-1"]
+    # A free slot first, in slot order.
+    assert choose_full_slot("m", {}, order, 3) == ("m-evidence-0", ())
+    entries = held(**{"decode-0-1": "1", "decode-0-2": "0"})
+    assert choose_full_slot("m", entries, order, 3) == ("m-evidence-2", ())
+    # All held: the oldest incident's slot, and that incident loses its whole capture.
+    assert choose_full_slot("m", entries, order, 2) == ("m-evidence-1", ("decode-0-1",))
+    # A slot another capture of this round took is not given twice.
+    assert choose_full_slot("m", entries, order, 2, taken={"m-evidence-1"}) == (
+        "m-evidence-0",
+        ("decode-0-2",),
+    )
+    assert choose_full_slot("m", entries, order, 2, taken={"m-evidence-0", "m-evidence-1"}) is None
+    assert choose_full_slot("m", {}, order, 0) is None  # fullCaptures: 0 keeps none
+
+
+def test_the_status_text_says_where_the_whole_capture_is_and_the_store_keeps_it() -> None:
+    from lockstep.evidence import FULL_NOTE, from_data, to_data
+
+    captured = fit_capture(tp8_over_two_pods(), CAP)
+    entry = EvidenceEntry(verdict="Desynced", captured=captured, full="m-evidence-0")
+    shown = entry.render(CAP)
+    assert len(shown) <= CAP and shown.endswith(f"\n{FULL_NOTE}m-evidence-0")
+    # Every pod's sections still in the fitted text before the note.
+    got = split_capture(shown.partition(EVIDENCE_MARK)[2])
+    assert [(p.pod, p.kind) for p in got][-3:] == [
+        ("m-decode-0-1", "ranks"),
+        ("m-decode-0-1", "stacks"),
+        ("m-decode-0-1", "log"),
+    ]
+    assert from_data(to_data({"decode-0-1": entry})) == {"decode-0-1": entry}
+    # An entry of an older operator (no `full`) reads back as none.
+    assert from_data({"a": json.dumps({"verdict": "v", "captured": "c"})})["a"].full is None
+    assert FULL_NOTE not in EvidenceEntry(verdict="v", captured=captured).render(CAP)

@@ -39,6 +39,7 @@ class CaptureEvidence:
     stacks: bool
     log_lines: int
     max_bytes: int
+    full_captures: int = 0  # whole-capture slots (`lockstep.evidence.choose_full_slot`)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ def on_capturing_evidence(r: Round, v: GroupVerdict | None) -> None:
                 diag.capture_stacks,
                 diag.log_lines,
                 diag.max_evidence_bytes,
+                diag.full_captures,
             )
         )
         r.update(capture_asked=True)
