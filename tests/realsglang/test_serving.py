@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 import time
 from typing import Any
 
@@ -69,11 +71,46 @@ def test_decisions_reach_sglangs_consensus_checker_on_every_rank(
     assert {r["last_decision"]["kind"] for r in ranks} <= {"batch", "idle"}
 
 
-def test_a_stopped_rank_times_the_probe_out_and_the_state_shows_where_each_waits(
-    shared_tp2: RealServer,
+# Where the rank is stopped: idle between requests, or with a request being generated
+# (stopped 0.05 s or 0.4 s after it was sent: inside a step, a collective or the
+# scheduler's loop). Five runs, both ranks.
+STOPS = [(1, None), (0, None), (1, 0.4), (0, 0.4), (1, 0.05)]
+
+
+@pytest.mark.parametrize(("rank", "after_s"), STOPS, ids=[f"r{r}-{a}" for r, a in STOPS])
+def test_a_sigstopped_rank_is_judged_rank_down_and_named_wherever_it_stopped(
+    shared_tp2: RealServer, rank: int, after_s: float | None
 ) -> None:
+    """SIGSTOP of a rank's real scheduler process, as a wedged GPU process looks to the
+    operator: the deep probe times out, the pod agent reports the rank `stopped` from
+    /proc, and the operator's own judgement of that answer is RankDown (rank-stopped)
+    with the stopped rank, its pod and node named; resumed, the group serves again and
+    the request it caught completes."""
+    from lockstep.agent_client import report_from_ranks
+    from lockstep.verdicts import (
+        GroupObservation,
+        PodView,
+        ProbeOutcome,
+        Signal,
+        Verdict,
+        classify_group,
+    )
+
+    pod, node = "real-decode-0-0", socket.gethostname()
     pids = shared_tp2.rank_pids()
-    os.kill(pids[1], signal.SIGSTOP)
+    caught: list[int] = []
+    sender = None
+    if after_s is not None:
+        sender = threading.Thread(
+            target=lambda: caught.append(
+                shared_tp2.generate(
+                    "caught by the stop", max_new_tokens=48, timeout=120
+                ).status_code
+            )
+        )
+        sender.start()
+        time.sleep(after_s)
+    os.kill(pids[rank], signal.SIGSTOP)
     try:
         started = time.monotonic()
         resp = shared_tp2.probe(timeout_s=3.0)
@@ -81,18 +118,41 @@ def test_a_stopped_rank_times_the_probe_out_and_the_state_shows_where_each_waits
         assert resp.status_code == 504, resp.text
         assert resp.json()["status"] == "timeout"
         assert took < 3.0 + 2.0, f"the probe took {took:.1f}s against a 3 s timeout"
+        first = shared_tp2.ranks()
         time.sleep(1.0)
-        states = {r["rank"]: r for r in shared_tp2.ranks()["ranks"]}
-        # The running rank waits in the request broadcast the stopped one never joins;
-        # the stopped one is frozen where it was (alive: a stop is not an exit).
-        assert states[0]["collective"] is not None, states[0]
-        assert states[0]["collective"]["op"] == "broadcast_pyobj"
-        assert states[0]["collective"]["group"] == "tp:cpu"
-        assert time.time() - states[0]["collective"]["since"] >= 1.0
-        assert states[1]["alive"] is True
-        assert states[1]["collective"] is not None, states[1]
+        body = shared_tp2.ranks()
+        states = {r["rank"]: r for r in body["ranks"]}
+        assert states[rank]["process"] == "stopped", states[rank]
+        assert states[1 - rank]["process"] != "stopped", states[1 - rank]
+        if after_s is None and rank == 1:
+            # Idle: the running rank waits in the request broadcast the stopped one
+            # never joins (a stop is not an exit: the stopped one is still there).
+            other = states[0]["collective"]
+            assert other is not None and other["op"] == "broadcast_pyobj", states[0]
+            assert other["group"] == "tp:cpu" and time.time() - other["since"] >= 1.0
+            assert states[1]["alive"] is True
+        # The operator's judgement of what the agent answered.
+        obs = GroupObservation(
+            epoch=0,
+            expected_pods=1,
+            probe=ProbeOutcome("timeout", error="deep probe timed out after 3 s"),
+            pods=(PodView(name=pod, uid="uid-0", epoch=0, node=node),),
+            agents=(report_from_ranks(pod, body, 0),),
+        )
+        previous = report_from_ranks(pod, first, 0).ranks or ()
+        verdict = classify_group(obs, previous, now=time.time())
+        assert verdict.verdict is Verdict.RANK_DOWN, verdict
+        assert Signal.RANK_STOPPED in verdict.signals
+        assert f"{pod}/r{rank} (stopped)" in verdict.reason
+        named = [o for o in verdict.outliers if "stopped" in o.why]
+        assert [(o.pod, o.rank) for o in named] == [(pod, rank)], verdict.outliers
+        nodes = {v.name: v.node for v in obs.pods}
+        assert nodes[named[0].pod] == node  # the node the incident records with it
     finally:
-        os.kill(pids[1], signal.SIGCONT)
+        os.kill(pids[rank], signal.SIGCONT)
     # Resumed, the group serves again: a paused rank is not a broken one.
     wait_for(lambda: shared_tp2.probe().status_code == 200, 60, "the probe passing again")
+    if sender is not None:
+        sender.join(timeout=120)
+        assert caught == [200], caught
     assert shared_tp2.generate("after the pause").status_code == 200
