@@ -956,7 +956,11 @@ def _evidence_changes(
     for incident_id, found in captured.items():
         base = out.get(incident_id) or entries.get(incident_id) or EvidenceEntry()
         out[incident_id] = replace(
-            base, captured=found.captured, cause=found.cause, full=found.full
+            base,
+            captured=found.captured,
+            cause=found.cause,
+            full=found.full,
+            full_missed=found.full_missed,
         )
     return out
 

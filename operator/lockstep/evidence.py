@@ -39,6 +39,7 @@ FULL_COMPONENT = "evidence-capture"  # a whole capture's ConfigMap's label
 # A whole capture's bound: a ConfigMap holds 1 MiB in all (metadata, the other key).
 FULL_CAPTURE_MAX_BYTES = 786432
 FULL_NOTE = "[evidence] the whole capture: ConfigMap "
+MISSED_NOTE = "[evidence] the whole capture was not kept: "
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class EvidenceEntry:
     cause: str | None = None
     # The ConfigMap that holds the whole capture (it did not fit the bound), or None.
     full: str | None = None
+    # Why a capture that did not fit the bound was not kept whole (None: it was, or fit).
+    full_missed: str | None = None
 
     def render(self, max_bytes: int) -> str:
         """The text status shows: the summary, then the capture, bounded (the capture
@@ -59,6 +62,8 @@ class EvidenceEntry:
         if self.captured is None:
             return self.verdict[:max_bytes]
         note = "" if self.full is None else f"\n{FULL_NOTE}{self.full}"
+        if self.full_missed is not None:
+            note += f"\n{MISSED_NOTE}{self.full_missed}"
         room = max(0, max_bytes - len(self.verdict) - len(EVIDENCE_MARK) - len(note))
         fitted = fit_capture(split_capture(self.captured), room)
         return (self.verdict + EVIDENCE_MARK + fitted + note)[:max_bytes]
@@ -194,6 +199,18 @@ def full_capture_name(deployment: str, slot: int) -> str:
     return f"{deployment}-evidence-{slot}"
 
 
+def fit_capture_bytes(parts: Sequence[CapturePart], max_bytes: int) -> str:
+    """`fit_capture` bounded in UTF-8 bytes, not characters (a ConfigMap's limit is in
+    bytes; a log tail may not be ASCII): refitted smaller until it fits."""
+    room = max_bytes
+    while True:
+        text = fit_capture(parts, room)
+        size = len(text.encode())
+        if size <= max_bytes or room <= 0:
+            return text
+        room = max(0, min(room - 1, room * max_bytes // size))
+
+
 def whole_length(parts: Sequence[CapturePart]) -> int:
     """How long `parts` are untrimmed (what `fit_capture` returns when they fit)."""
     return len("\n".join(p.header + p.text for p in parts))
@@ -201,23 +218,30 @@ def whole_length(parts: Sequence[CapturePart]) -> int:
 
 def choose_full_slot(
     deployment: str,
+    incident_id: str,
     entries: Mapping[str, EvidenceEntry],
     oldest_first: Sequence[str],
     slots: int,
     taken: Collection[str] = (),
 ) -> tuple[str, tuple[str, ...]] | None:
-    """The ConfigMap for one more whole capture, and the incidents whose whole capture it
-    held (their entries must drop it): a slot of `slots` no entry holds, else the slot of
-    the oldest incident (`oldest_first`: incident ids; one not listed counts as oldest).
-    `taken`: slots already given this round. None when `slots` is 0 or all are taken."""
+    """The ConfigMap for `incident_id`'s whole capture, and the other incidents whose
+    whole capture it held (their entries must drop it): the slot the incident already
+    holds, else a slot of `slots` no entry holds, else the slot of the oldest incident
+    (`oldest_first`: incident ids; one not listed counts as oldest). `taken`: slots
+    already given this round. None when `slots` is 0 or all are taken. (Slots at or above
+    `slots`, left by a larger setting, are never given again; their ConfigMaps go with
+    the deployment.)"""
     names = [full_capture_name(deployment, i) for i in range(max(0, slots))]
     free = [n for n in names if n not in taken]
     if not free:
         return None
+    own = entries.get(incident_id)
     held: dict[str, list[str]] = {}
-    for incident_id, entry in entries.items():
-        if entry.full is not None:
-            held.setdefault(entry.full, []).append(incident_id)
+    for other, entry in entries.items():
+        if entry.full is not None and other != incident_id:
+            held.setdefault(entry.full, []).append(other)
+    if own is not None and own.full in free and own.full not in held:
+        return own.full, ()
     for name in free:
         if name not in held:
             return name, ()
@@ -236,6 +260,7 @@ def to_data(entries: Mapping[str, EvidenceEntry]) -> dict[str, str]:
         key: json.dumps(
             {"verdict": e.verdict, "captured": e.captured, "cause": e.cause}
             | ({} if e.full is None else {"full": e.full})
+            | ({} if e.full_missed is None else {"fullMissed": e.full_missed})
         )
         for key, e in entries.items()
     }
@@ -252,6 +277,7 @@ def from_data(data: Mapping[str, str] | None) -> dict[str, EvidenceEntry]:
                 captured=None if obj.get("captured") is None else str(obj["captured"]),
                 cause=None if obj.get("cause") is None else str(obj["cause"]),
                 full=None if obj.get("full") is None else str(obj["full"]),
+                full_missed=None if obj.get("fullMissed") is None else str(obj["fullMissed"]),
             )
         except (ValueError, AttributeError) as err:
             log.error("evidence %s unreadable, skipped: %s", key, err)

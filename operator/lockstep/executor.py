@@ -48,6 +48,7 @@ from lockstep.evidence import (
     EvidenceEntry,
     choose_full_slot,
     fit_capture,
+    fit_capture_bytes,
     whole_length,
 )
 from lockstep.failover import (
@@ -616,10 +617,9 @@ class Execution:
         with ThreadPoolExecutor(max_workers=min(len(action.pods), 16) or 1) as pool:
             results = list(pool.map(one, [ref.name for ref in action.pods]))
         parts = [part for found, _ in results for part in found]
-        full, note = self._keep_whole(action, parts)
+        full, missed = self._keep_whole(action, parts)
         # Every pod's share of the bound, not first come first served (`fit_capture`).
-        room = action.max_bytes - (len(note) + 1 if note else 0)
-        captured = fit_capture(parts, room) + (f"\n{note}" if note else "")
+        captured = fit_capture(parts, action.max_bytes)
         epoch = self.incident_epochs.get(action.incident_id, 0)
         reports = tuple(
             report_from_text(ref.name, text, epoch)
@@ -628,35 +628,37 @@ class Execution:
         )
         self.reports[action.incident_id] = reports
         cause = divergence_cause(r for a in reports for r in a.ranks or ())
-        self.evidence[action.incident_id] = EvidenceEntry(captured=captured, cause=cause, full=full)
+        self.evidence[action.incident_id] = EvidenceEntry(
+            captured=captured, cause=cause, full=full, full_missed=missed
+        )
 
     def _keep_whole(
         self, action: CaptureEvidence, parts: Sequence[CapturePart]
-    ) -> tuple[str | None, str]:
+    ) -> tuple[str | None, str | None]:
         """A capture larger than its bound, kept whole in a slot ConfigMap: the slot's
-        name (None: it fit, or no slot), and a line for the fitted capture when it could
-        not be kept."""
+        name (None: it fit, or it could not be kept), and why it could not be kept."""
         size = whole_length(parts)
         if size <= action.max_bytes or action.full_captures <= 0:
-            return None, ""
+            return None, None
         taken = {e.full for e in self.evidence.values() if e.full is not None}
         chosen = choose_full_slot(
             self.pdd.metadata.name,
+            action.incident_id,
             {**self.entries, **self.evidence},
             self.incidents_oldest_first,
             action.full_captures,
             taken,
         )
         if chosen is None:
-            return None, f"[evidence] the whole capture ({size} bytes) was not kept: no free slot"
+            return None, f"{size} chars, no free slot"
         name, evicted = chosen
-        whole = fit_capture(parts, FULL_CAPTURE_MAX_BYTES)
+        whole = fit_capture_bytes(parts, FULL_CAPTURE_MAX_BYTES)
         try:
             self.deps.kube.apply_configmap(
                 build_full_capture_configmap(self.pdd, name, action.incident_id, whole)
             )
         except Exception as err:
             log.error("%s: whole capture not kept in %s: %s", action.incident_id, name, err)
-            return None, f"[evidence] the whole capture ({size} bytes) was not kept: {_short(err)}"
-        self.full_evicted.update(i for i in evicted if i != action.incident_id)
-        return name, ""
+            return None, f"{size} chars, ConfigMap {name}: {_short(err)}"
+        self.full_evicted.update(evicted)
+        return name, None

@@ -648,6 +648,7 @@ def evidence_view(
         "cause": entry.cause,
         "captured": entry.captured is not None,
         "wholeCapture": whole_from,
+        "wholeCaptureMissed": entry.full_missed,
         "sections": split_captured(shown or ""),
     }
 
@@ -668,6 +669,8 @@ def format_evidence(view: Mapping[str, Any], *, logs: bool) -> str:
         parts.append(f"(no entry in ConfigMap {configmap_name(str(view['name']))}: from status)")
     if view.get("wholeCapture"):
         parts.append(f"(the whole capture, from ConfigMap {view['wholeCapture']})")
+    if view.get("wholeCaptureMissed"):
+        parts.append(f"(the whole capture was not kept: {view['wholeCaptureMissed']})")
     parts += ["", "Verdict", *(f"  {line}" for line in (view["summary"] or "-").splitlines())]
     if view["cause"]:
         parts += ["", f"Cause: {view['cause']}"]

@@ -14,7 +14,7 @@ healthy deployment costs the API server nothing between resyncs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lockstep import constants as c
@@ -101,8 +101,8 @@ def incident_view(
         if record is not None and record.incident is not None and record.incident.id == incident.id
         else (entry.verdict if entry is not None else "")
     )
-    shown = EvidenceEntry(
-        summary, entry.captured if entry else None, full=entry.full if entry else None
+    shown = (
+        replace(entry, verdict=summary) if entry is not None else EvidenceEntry(summary)
     ).render(max_bytes)
     view["evidence"] = shown
     return view

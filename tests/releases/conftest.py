@@ -3,7 +3,8 @@ each from a virtual environment of its own with the torch that release pins.
 
 0.5.23 runs from the test venv (``.ci/setup-venv`` installs its pins); 0.5.21 and 0.5.22
 from ``.venv-releases/<version>`` (``.ci/setup-release-venv``, run here when missing: a
-first run downloads and installs a torch per release, minutes). The servers are the
+first run downloads and installs a torch per release, about half a minute each here with
+uv). The servers are the
 real-SGLang tier's (``tests/realsglang/server.py``): the launcher as a pod's container
 runs it, killed when the test ends.
 """

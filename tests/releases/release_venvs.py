@@ -47,7 +47,7 @@ def release_python(version: str) -> str:
         ["bash", str(REPO / ".ci/setup-release-venv"), version],
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=600,
     )
     assert made.returncode == 0, f"setup-release-venv {version}:\n{made.stderr[-3000:]}"
     return str(REPO / made.stdout.strip().splitlines()[-1])

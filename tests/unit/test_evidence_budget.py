@@ -123,19 +123,46 @@ def test_a_capture_over_the_cap_takes_a_free_slot_then_the_oldest_incidents() ->
         return {i: EvidenceEntry(captured="x", full=f"m-evidence-{s}") for i, s in slots.items()}
 
     order = ["decode-0-1", "decode-0-2", "prefill-0-1"]
+    new = "prefill-0-1"
     # A free slot first, in slot order.
-    assert choose_full_slot("m", {}, order, 3) == ("m-evidence-0", ())
+    assert choose_full_slot("m", new, {}, order, 3) == ("m-evidence-0", ())
     entries = held(**{"decode-0-1": "1", "decode-0-2": "0"})
-    assert choose_full_slot("m", entries, order, 3) == ("m-evidence-2", ())
+    assert choose_full_slot("m", new, entries, order, 3) == ("m-evidence-2", ())
     # All held: the oldest incident's slot, and that incident loses its whole capture.
-    assert choose_full_slot("m", entries, order, 2) == ("m-evidence-1", ("decode-0-1",))
+    assert choose_full_slot("m", new, entries, order, 2) == ("m-evidence-1", ("decode-0-1",))
     # A slot another capture of this round took is not given twice.
-    assert choose_full_slot("m", entries, order, 2, taken={"m-evidence-1"}) == (
+    assert choose_full_slot("m", new, entries, order, 2, taken={"m-evidence-1"}) == (
         "m-evidence-0",
         ("decode-0-2",),
     )
-    assert choose_full_slot("m", entries, order, 2, taken={"m-evidence-0", "m-evidence-1"}) is None
-    assert choose_full_slot("m", {}, order, 0) is None  # fullCaptures: 0 keeps none
+    both = {"m-evidence-0", "m-evidence-1"}
+    assert choose_full_slot("m", new, entries, order, 2, taken=both) is None
+    assert choose_full_slot("m", new, {}, order, 0) is None  # fullCaptures: 0 keeps none
+    # An incident captured again keeps its own slot and evicts nobody.
+    assert choose_full_slot("m", "decode-0-2", entries, order, 2) == ("m-evidence-0", ())
+    # A slot left above a lowered fullCaptures is never given again.
+    high = held(**{"decode-0-1": "5"})
+    assert choose_full_slot("m", "decode-0-1", high, order, 1) == ("m-evidence-0", ())
+
+
+def test_a_whole_capture_is_bounded_in_bytes_not_characters() -> None:
+    from lockstep.evidence import fit_capture_bytes
+
+    wide = [CapturePart("m-decode-0-0", "log", "ünïcødé log line ✓\n" * 4000, inline=False)]
+    text = fit_capture_bytes(wide, 20000)
+    assert len(text.encode()) <= 20000 < len(fit_capture(wide, 20000).encode())
+    assert text.splitlines()[-1].startswith("[evidence] trimmed to fit")
+
+
+def test_a_whole_capture_not_kept_is_said_after_the_capture_in_status() -> None:
+    from lockstep.evidence import MISSED_NOTE, from_data, to_data
+
+    captured = fit_capture(tp8_over_two_pods(), CAP)
+    entry = EvidenceEntry(verdict="v", captured=captured, full_missed="70000 chars, no free slot")
+    shown = entry.render(CAP)
+    assert len(shown) <= CAP
+    assert shown.endswith(f"\n{MISSED_NOTE}70000 chars, no free slot")
+    assert from_data(to_data({"i": entry})) == {"i": entry}
 
 
 def test_the_status_text_says_where_the_whole_capture_is_and_the_store_keeps_it() -> None:
