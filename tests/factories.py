@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -436,3 +437,16 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
         ),
     ]
     return IncidentScene(obj, status, pods, events, to_data(entries), now)
+
+
+def sglang_source(version: str) -> Path:
+    """One SGLang release's unpacked wheel (`.ci/fetch-sglang-source`: cached outside the
+    repository): the directory to put on PYTHONPATH, its `sglang-<v>.dist-info` inside."""
+    fetched = subprocess.run(
+        ["bash", str(REPO / ".ci/fetch-sglang-source"), version],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert fetched.returncode == 0, fetched.stderr[-2000:]
+    return Path(fetched.stdout.strip().splitlines()[-1])

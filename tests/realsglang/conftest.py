@@ -12,10 +12,9 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from server import RealServer
+from server import RealServer, started_servers
 
 from lockstep_dev.localcluster import sglang_cpu
 
@@ -29,23 +28,8 @@ def tiny_model() -> Path:
 @pytest.fixture
 def real_server(tiny_model: Path) -> Iterator[Callable[..., RealServer]]:
     """``real_server(**options)``: a started (not yet ready) server, killed at the end."""
-    started: list[RealServer] = []
-    dirs: list[Path] = []
-
-    def make(**options: Any) -> RealServer:
-        workdir = Path(tempfile.mkdtemp(prefix="ls-real-"))
-        dirs.append(workdir)
-        server = RealServer(workdir, tiny_model, **options)
-        started.append(server)
-        return server.start()
-
-    try:
+    with started_servers(tiny_model, "ls-real-") as make:
         yield make
-    finally:
-        for server in started:
-            server.stop()
-        for workdir in dirs:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

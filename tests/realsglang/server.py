@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +204,22 @@ class RealServer:
                 self.proc.wait(timeout=15)
         # Whatever the group left (a rank in another session would be a bug: fail loud).
         self.http.close()
+
+
+@contextlib.contextmanager
+def started_servers(model: Path, prefix: str) -> Iterator[Callable[..., RealServer]]:
+    """``make(**options)``: a started (not yet ready) server in its own temporary
+    directory; every one made is killed, and its directory removed, at the end."""
+    started: list[RealServer] = []
+
+    def make(**options: Any) -> RealServer:
+        server = RealServer(Path(tempfile.mkdtemp(prefix=prefix)), model, **options)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()
+            shutil.rmtree(server.workdir, ignore_errors=True)

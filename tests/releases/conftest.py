@@ -11,12 +11,9 @@ runs it, killed when the test ends.
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "realsglang"))
 
 from release_venvs import release_python  # noqa: E402
-from server import RealServer  # noqa: E402
+from server import RealServer, started_servers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -38,20 +35,5 @@ def tiny_model() -> Path:
 @pytest.fixture
 def release_server(tiny_model: Path) -> Iterator[Callable[..., RealServer]]:
     """``release_server(version, **options)``: a started server of that release."""
-    started: list[RealServer] = []
-    dirs: list[Path] = []
-
-    def make(version: str, **options: Any) -> RealServer:
-        workdir = Path(tempfile.mkdtemp(prefix=f"ls-release-{version}-"))
-        dirs.append(workdir)
-        server = RealServer(workdir, tiny_model, python=release_python(version), **options)
-        started.append(server)
-        return server.start()
-
-    try:
-        yield make
-    finally:
-        for server in started:
-            server.stop()
-        for workdir in dirs:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with started_servers(tiny_model, "ls-release-") as make:
+        yield lambda version, **options: make(python=release_python(version), **options)

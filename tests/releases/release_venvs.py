@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
+
+from factories import REPO, sglang_source
 
 from lockstep_sglang import pins
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def release_pin(version: str, package: str) -> str:
@@ -21,14 +20,7 @@ def release_pin(version: str, package: str) -> str:
 
     from packaging.requirements import Requirement
 
-    fetched = subprocess.run(
-        ["bash", str(REPO / ".ci/fetch-sglang-source"), version],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert fetched.returncode == 0, fetched.stderr[-2000:]
-    src = Path(fetched.stdout.strip().splitlines()[-1])
+    src = sglang_source(version)
     metadata = Parser().parsestr((src / f"sglang-{version}.dist-info" / "METADATA").read_text())
     for line in metadata.get_all("Requires-Dist") or []:
         req = Requirement(line)

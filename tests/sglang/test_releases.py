@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from factories import REPO
+from factories import REPO, sglang_source
 
 from lockstep.policy import supported_versions
 from lockstep_sglang import pins
@@ -26,14 +26,7 @@ def test_the_operator_and_the_runtime_support_the_same_releases() -> None:
 
 
 def with_release(version: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    fetched = subprocess.run(
-        ["bash", str(REPO / ".ci/fetch-sglang-source"), version],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert fetched.returncode == 0, fetched.stderr[-2000:]
-    src = fetched.stdout.strip().splitlines()[-1]
+    src = str(sglang_source(version))
     path = [src, str(REPO / "images/sglang-cpu/site"), str(REPO / "images/sglang")]
     env = {
         **os.environ,
