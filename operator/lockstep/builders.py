@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lockstep import constants as c
+from lockstep import evidence
 from lockstep.models import PDDeployment, RoleSpec
 from lockstep.objects import label
 from lockstep.policy import PolicyResult, RolePolicy, evaluate
@@ -143,11 +144,11 @@ def _resources(role: RoleSpec) -> Obj:
 
 def build_evidence_configmap(pdd: PDDeployment, data: Mapping[str, str]) -> Obj:
     """The evidence store's ConfigMap (`lockstep.evidence`): one key per incident."""
-    labels = {c.LABEL_COMPONENT: "evidence"}
+    labels = {c.LABEL_COMPONENT: evidence.COMPONENT}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(pdd, f"{pdd.metadata.name}-evidence", labels),
+        "metadata": _metadata(pdd, evidence.configmap_name(pdd.metadata.name), labels),
         "data": dict(data),
     }
 
@@ -157,7 +158,7 @@ def build_full_capture_configmap(
 ) -> Obj:
     """A whole capture's ConfigMap (`lockstep.evidence`: one slot of the ring): the
     incident it belongs to and its capture."""
-    labels = {c.LABEL_COMPONENT: "evidence-capture"}
+    labels = {c.LABEL_COMPONENT: evidence.FULL_COMPONENT}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
