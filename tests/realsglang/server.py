@@ -44,6 +44,26 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def operator_verdict(
+    pod: str, probe: httpx.Response, first: Mapping[str, Any], then: Mapping[str, Any]
+) -> Any:
+    """The operator's own judgement (``lockstep.verdicts.classify_group``) of a one-pod
+    group on node-a from what the real server answered: the deep probe's answer and two
+    of its pod agent's rank reports (``first``, then ``then`` a moment later)."""
+    from lockstep.agent_client import report_from_ranks
+    from lockstep.verdicts import GroupObservation, PodView, ProbeOutcome, classify_group
+
+    obs = GroupObservation(
+        epoch=0,
+        expected_pods=1,
+        probe=ProbeOutcome(probe.json()["status"], error=probe.json().get("error")),
+        pods=(PodView(name=pod, uid="uid-0", epoch=0, node="node-a"),),
+        agents=(report_from_ranks(pod, dict(then), 0),),
+    )
+    previous = report_from_ranks(pod, dict(first), 0).ranks or ()
+    return classify_group(obs, previous, now=time.time())
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from server import RealServer, wait_for
+from server import RealServer, operator_verdict, wait_for
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -86,15 +86,7 @@ def test_a_sigstopped_rank_is_judged_rank_down_and_named_wherever_it_stopped(
     with the stopped rank and its pod named as the outlier (the incident adds the pod's
     node: tests/unit/test_recovery.py); resumed, the group serves again and the request
     it caught completes."""
-    from lockstep.agent_client import report_from_ranks
-    from lockstep.verdicts import (
-        GroupObservation,
-        PodView,
-        ProbeOutcome,
-        Signal,
-        Verdict,
-        classify_group,
-    )
+    from lockstep.verdicts import Signal, Verdict
 
     pod = "real-decode-0-0"
     pids = shared_tp2.rank_pids()
@@ -137,15 +129,7 @@ def test_a_sigstopped_rank_is_judged_rank_down_and_named_wherever_it_stopped(
             assert states[1]["alive"] is True
         assert sender is None or sender.is_alive()  # held while the rank is stopped
         # The operator's judgement of what the probe and the agent answered.
-        obs = GroupObservation(
-            epoch=0,
-            expected_pods=1,
-            probe=ProbeOutcome(resp.json()["status"], error=resp.json().get("error")),
-            pods=(PodView(name=pod, uid="uid-0", epoch=0, node="node-a"),),
-            agents=(report_from_ranks(pod, body, 0),),
-        )
-        previous = report_from_ranks(pod, first, 0).ranks or ()
-        verdict = classify_group(obs, previous, now=time.time())
+        verdict = operator_verdict(pod, resp, first, body)
         assert verdict.verdict is Verdict.RANK_DOWN, verdict
         assert Signal.RANK_STOPPED in verdict.signals
         assert f"{pod}/r{rank} (stopped)" in verdict.reason
