@@ -12,8 +12,9 @@ dominated by starting torch processes, not by weights), requests failed on the a
 group before and after its drain, and on the other groups.
 
 `--engine sglang` / `--engine both`: the `sequence` drill through the real sglang-router
-(a desync restarted in place, then a hang and a killed rank, which fail again within the
-escalation window and are recreated) on the real SGLang 0.5.23 server on CPU, and, with
+(a desync restarted in place, then, within the escalation window and recreated, a rank
+SIGSTOPped on the real engine; a killed rank, a hang and a deleted pod on the stand-in)
+on the real SGLang 0.5.23 server on CPU, and, with
 `both`, the same drill on the stand-in in the same run for a side-by-side: time to ready
 per group, injection to verdict and verdict to re-admission per incident and restart
 mode, the time in each recovery step, every failed request with its latency (a hanging

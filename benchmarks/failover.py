@@ -13,12 +13,16 @@ group each time) and a deleted pod. Per incident:
 - `longest_wait_past_verdict_s`: how long the slowest of them waited after lockstep's
   verdict;
 - `streams`: how each long stream ended (`aborted`: the engine's abort event, visible;
-  `cut`: a truncated body; `completed`; `error`: an HTTP error before any event);
+  `cut`: a truncated body; `completed`; `error`: an HTTP error before any event) and
+  whether decode group 0 held it when the fault landed (`held`);
+- `outliers`: the ranks, pods and nodes the incident named; `checks_passed`: whether the
+  drill's checks of this incident passed;
 - `loads_before` / `loads_after`: requests held and KV tokens used by every serving
   group while idle, before the first incident and after this one (SGLang's `/v1/loads`;
   a runtime without it reports nothing).
 
 Usage: python benchmarks/failover.py --engine standin|sglang [--incidents desync,hang,...]
+(`stall-rank`, a rank SIGSTOPped, is one more incident it can run)
 (about 2 minutes on the stand-in, 10 on the real engine, on 2 cores). The same script
 measured lockstep before its failover existed: run from a checkout of that commit with
 this file and its drills and traffic modules (then operator/lockstep/dev/) copied in
@@ -38,6 +42,7 @@ VERDICTS: dict[str, str] = {
     "desync": "Desynced",
     "hang": "Hung",
     "kill-rank": "RankDown",
+    "stall-rank": "RankDown",
     "delete-pod": "RankDown",
 }
 
@@ -66,10 +71,15 @@ def main() -> None:
                 "ended_error": fo.get("caught_error"),
                 "cut": fo.get("caught_cut"),
                 "longest_wait_past_verdict_s": fo.get("longest_wait_past_verdict_s"),
-                "streams": [s.get("how") for s in fo.get("streams", [])],
+                # How each stream ended, and whether the affected group held it.
+                "streams": [
+                    {"how": s.get("how"), "held": s.get("held")} for s in fo.get("streams", [])
+                ],
                 "loads_before": fo.get("loads_before"),
                 "loads_after": fo.get("loads_after"),
                 "failed": fo.get("caught_failed"),
+                "outliers": step.get("outliers"),
+                "checks_passed": step["passed"],
             }
         )
     out = {

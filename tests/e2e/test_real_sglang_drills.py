@@ -4,12 +4,17 @@ Every SGLang pod of the drill deployment runs the product's own launcher and the
 server on CPU (one prefill group of TP1, two decode groups of TP2, each spanning two
 pods; PD over mooncake TCP), behind the real sglang-router, with the real operator. One
 cluster, two incidents in decode group 0, each recovered before the next: a desync
-forced into one rank's decisions (restarted in place), then a rank wedged in the request
-broadcast (the group failed again within the escalation window: recreated). For each,
+forced into one rank's decisions (restarted in place), then one rank's real scheduler
+process stopped with SIGSTOP, as a wedged GPU process is met (judged RankDown from /proc
+and named with its pod and node as the only outlier; the group failed again within the
+escalation window: recreated). For each,
 as a user of the served model sees it (a client that waits two minutes): every request
 the incident caught ended 200 and none waited more than 15 s past the verdict; a long
 stream on the group ended with SGLang's own abort event; the groups that stayed hold
-what they held before (SGLang's /v1/loads). A second cluster runs a warm spare beside
+what they held before (SGLang's /v1/loads). The deployment asks for suspect nodes after
+2 incidents with the cordon off (the default): the stopped rank's node hosted both
+incidents' outliers, so it is named (NodesSuspect, a NodeSuspect Event saying the cordon
+is off) and no node is cordoned. A second cluster runs a warm spare beside
 one serving decode group: a desync there is answered by the spare in seconds. A killed
 rank on the real engine is measured by benchmarks/failover.py (README); the stand-in
 drills (test_drills.py, test_router_drills.py) cover the other scenarios; where the two
@@ -24,15 +29,22 @@ from lockstep_dev.drills import Drill
 
 
 @pytest.mark.timeout(2400)
-def test_real_servers_recover_from_a_desync_and_a_hang_through_the_router() -> None:
-    result = Drill("sequence", engine="sglang").run()
+def test_real_servers_recover_from_a_desync_and_a_stopped_rank_through_the_router() -> None:
+    result = Drill("sequence", engine="sglang", suspect_nodes={"incidents": 2}).run()
     print(result.to_json())
     assert result.passed, f"{result.reason}\n{result.to_json()}"
-    desync, hang = result.steps
+    desync, stopped = result.steps
     assert (desync["verdict"], desync["restart_mode"]) == ("Desynced", "InPlace")
-    assert (hang["verdict"], hang["restart_mode"]) == ("Hung", "Recreate")
+    assert (stopped["verdict"], stopped["restart_mode"]) == ("RankDown", "Recreate")
+    # The stopped rank alone is named, with its pod, its node and its process state.
+    (outlier,) = stopped["outliers"]
+    assert outlier["rank"] == 1 and outlier["pod"] == "drill-decode-0-1", outlier
+    assert "stopped" in outlier["why"] and outlier["node"], outlier
+    # Its node hosted a desynced rank too: suspect, told, and (cordon off) not cordoned.
+    assert result.suspects["nodes"] == {outlier["node"]: [desync["incident"], stopped["incident"]]}
+    assert result.suspects["cordoned"] == []
     for step in result.steps:
-        # A desync and a dead rank act at once; a hang after three failed probes (2 s).
+        # A desync acts at once; a stopped rank after three failed probes (2 s apart).
         assert step["time_to_detect_s"] < 20, step
         # Nothing reached the drained group, and nothing failed once it was drained.
         assert step["affected_received_while_drained"] == 0, step
@@ -41,7 +53,11 @@ def test_real_servers_recover_from_a_desync_and_a_hang_through_the_router() -> N
         fo = step["failover"]
         assert fo["caught"] > 0 and fo["caught_ok"] == fo["caught"], step
         assert fo["longest_wait_past_verdict_s"] <= 15.0, step
-        assert [s["how"] for s in fo["streams"]].count("aborted") == 1, step
+        # Each stream decode/0 held ended with the engine's abort, every other completed.
+        assert any(s["held"] for s in fo["streams"]), step
+        assert all(s["how"] == ("aborted" if s["held"] else "completed") for s in fo["streams"]), (
+            step
+        )
         assert fo["loads_after"]["prefill/0"] == fo["loads_before"]["prefill/0"], step
         assert fo["loads_after"]["decode/1"] == fo["loads_before"]["decode/1"], step
     # The other decode group served throughout (the router's requests all landed there).

@@ -212,6 +212,9 @@ class Stream:
     finish: dict[str, Any] | None = None
     tokens: int = 0
     ended_at: float | None = None
+    # The engine's id of the request (its events' `meta_info.id`): what the serving
+    # group's leader lists it under while it holds it.
+    rid: str | None = None
     started: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
     _thread: threading.Thread | None = None
@@ -242,6 +245,8 @@ class Stream:
                 for line in resp.iter_lines():
                     if line.startswith("data: "):
                         events.append(line[len("data: ") :])
+                        if self.rid is None:
+                            self.rid = event_rid(events[-1])
                         self.started.set()
         except httpx.HTTPError as err:
             self.error = f"{type(err).__name__}: {err}"[:200]
@@ -253,6 +258,15 @@ class Stream:
             self.finish = meta.get("finish_reason")
             self.tokens = int(meta.get("completion_tokens") or 0)
         self.started.set()
+
+
+def event_rid(data: str) -> str | None:
+    try:
+        meta = json.loads(data).get("meta_info")
+    except (ValueError, AttributeError):
+        return None
+    rid = meta.get("id") if isinstance(meta, dict) else None
+    return rid if isinstance(rid, str) else None
 
 
 def _last_payload(events: list[str]) -> Any:

@@ -16,6 +16,8 @@ The package:
 - `deployment`: the drill deployment (`drill_spec`) and its names;
 - `restart` and `failover`: one incident recovered by a whole-group restart and its checks,
   and what the requests it caught saw (most scenarios are one or more of these);
+- `suspects`: the suspect-node checks of a drill whose deployment sets
+  `recovery.suspectNodes` (the condition, the Events, the cordon or none);
 - `scenario`: `Scenario`, what the harness knows of a scenario (its spec overrides,
   cluster options, preparation, fault and checks, engines);
 - `scenarios`: one module per scenario; `registry`: every one by name, and the lists

@@ -97,6 +97,10 @@ class DrillResult:
     failover: list[dict[str, Any]] = field(default_factory=list)
     # The ha drill: takeover times and writes from a woken former leader.
     ha: dict[str, Any] = field(default_factory=dict)
+    # A drill with recovery.suspectNodes (`drills.suspects`): {"nodes": suspect node ->
+    # the incidents whose outlier ran there, "cordoned": the nodes the deployment
+    # cordoned, "cordoned_at": when the first suspect node was (its NodeCordoned Event)}.
+    suspects: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -74,6 +74,7 @@ class Drill:
         sequence: Sequence[tuple[str, FaultKind]] | None = None,
         keep_going: bool = False,
         spares: int = 0,
+        suspect_nodes: Mapping[str, Any] | None = None,
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
         audit log for the least-privilege drill); `router` puts the real sglang-router in
@@ -85,7 +86,10 @@ class Drill:
         `{}`: the defaults); `sequence`: the incidents of the sequence scenario (default:
         the engine's); `keep_going`: the sequence goes on after an incident that failed
         its checks (a benchmark measures every one); `spares`: decode's warm spares in
-        the capacity scenario (its figures with and without one)."""
+        the capacity scenario (its figures with and without one); `suspect_nodes`: the
+        deployment's `recovery.suspectNodes` (the sequence drill then judges the nodes its
+        incidents' outliers ran on, `drills.suspects`; with `cordon` the chart is
+        installed with `rbac.cordonNodes`)."""
         definition = lookup(scenario)
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
@@ -108,7 +112,12 @@ class Drill:
             router = True  # a real PD decode server needs the router's prefill bootstrap
             timeout_s = max(timeout_s, 420.0)
         self.scenario = scenario
+        self.suspect_nodes = None if suspect_nodes is None else dict(suspect_nodes)
         options = dict(cluster_options or {})
+        if self.suspect_nodes and self.suspect_nodes.get("cordon"):
+            values = dict(options.get("chart_values") or {})
+            values["rbac"] = {**values.get("rbac", {}), "cordonNodes": True}
+            options["chart_values"] = values
         for key, value in definition.cluster_options.items():
             options.setdefault(key, copy.deepcopy(value))
         recovery_mode = definition.recovery_mode or recovery_mode
@@ -214,14 +223,17 @@ class Drill:
         return {p["metadata"]["uid"] for p in self.cluster.pods(NAMESPACE, sel)}
 
     def group_pods(self, key: str) -> list[dict[str, Any]]:
-        """The group's pods that are not being deleted."""
+        """The group's pods that are not being deleted, rank 0 first (as the faults
+        take them: the last is the one a fault goes into)."""
         role, index = key.split("/")
         sel = f"{self.selector},{c.LABEL_ROLE}={role},{c.LABEL_GROUP}={index}"
-        return [
+        live = [
             p
             for p in self.cluster.pods(NAMESPACE, sel)
             if not p["metadata"].get("deletionTimestamp")
         ]
+        live.sort(key=lambda p: int((p["metadata"].get("labels") or {}).get(c.LABEL_RANK, "0")))
+        return live
 
     def nodes(self) -> dict[str, dict[str, Any]]:
         """Every node (as a dict) by name."""
@@ -391,6 +403,8 @@ class Drill:
         if self.router:
             overrides["router"] = {"enabled": True}
         overrides["recovery"] = {**overrides.get("recovery", {}), "mode": self.recovery_mode}
+        if self.suspect_nodes is not None:
+            overrides["recovery"]["suspectNodes"] = self.suspect_nodes
         return overrides
 
     # ---------------------------------------------------------------- judging

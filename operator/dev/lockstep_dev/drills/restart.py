@@ -7,15 +7,16 @@ drained group nothing and sends it requests again, and what the requests it caug
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from lockstep import constants as c
 from lockstep.router_workers import serving_workers
 from lockstep_dev.drills.deployment import AFFECTED, NAME, NAMESPACE, RecoveryMode
-from lockstep_dev.drills.failover import failover_checks, streams_on
-from lockstep_dev.faults import FaultKind
+from lockstep_dev.drills.failover import CaughtStreams, failover_checks, streams_on
+from lockstep_dev.faults import FaultKind, highest_rank
 from lockstep_dev.traffic import ROUTER, router_endpoint
 
 if TYPE_CHECKING:
@@ -47,8 +48,10 @@ def restart_checks(
     epoch = int(drill.group(AFFECTED).get("epoch", 0))
     seen = drill.incident_count(AFFECTED)
     drill.drained_at = drill.readmitted_at = None
+    # The pod every fault but `slow` goes into (the group's last), its node and rank.
+    victim = drill.group_pods(AFFECTED)[-1]
     # Through the router, the incident also catches a long stream on decode/0.
-    streams = streams_on(drill, AFFECTED) if drill.router else []
+    streams = streams_on(drill, AFFECTED) if drill.router else CaughtStreams()
     drill.result.injected_at = time.time()
     drill.first_injection = drill.first_injection or drill.result.injected_at
     if step_seconds is None:
@@ -81,6 +84,7 @@ def restart_checks(
             f"restarted {inc.get('restartMode')}, expected {mode}",
         ),
     ]
+    checks += outlier_checks(kind, inc, victim)
     if mode == "InPlace":
         now = restart_counts(drill, AFFECTED)
         checks += [
@@ -103,6 +107,30 @@ def restart_checks(
         checks += router_checks(drill)
         checks += failover_checks(drill, inc, streams)
     return checks
+
+
+def outlier_checks(kind: FaultKind, inc: Mapping[str, Any], victim: Mapping[str, Any]) -> Checks:
+    """The incident names where the fault went, with its pod and node: a stopped rank
+    as the only outlier (its process stopped), a killed rank among them (gone), a
+    deleted pod as the only one; a desync's and a hang's outliers are told, not judged
+    here."""
+    pod, node = victim["metadata"]["name"], victim["spec"].get("nodeName")
+    rank = highest_rank(dict(victim))
+    named = [
+        (o.get("pod"), o.get("rank"), o.get("node"), str(o.get("why", "")))
+        for o in inc.get("outliers") or []
+    ]
+    if kind == "stall-rank":
+        ok = [(p, r, n) for p, r, n, _ in named] == [(pod, rank, node)] and "stopped" in named[0][3]
+        return [(ok, f"outliers {named}, expected rank {rank} of {pod} on {node}, stopped")]
+    if kind == "kill-rank":
+        # Its peers exit once their collective breaks: they may be named gone beside it.
+        ok = any((p, r, n) == (pod, rank, node) and "gone" in w for p, r, n, w in named)
+        return [(ok, f"outliers {named}, expected rank {rank} of {pod} on {node}, gone")]
+    if kind == "delete-pod":
+        ok = [(p, n) for p, _, n, _ in named] == [(pod, node)]
+        return [(ok, f"outliers {named}, expected pod {pod} on {node} alone")]
+    return []
 
 
 def restart_counts(drill: Drill, key: str) -> dict[str, int]:

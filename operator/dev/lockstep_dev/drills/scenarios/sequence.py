@@ -5,24 +5,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lockstep_dev.drills.deployment import RecoveryMode
+from lockstep_dev.drills.deployment import AFFECTED, RecoveryMode
 from lockstep_dev.drills.restart import Checks, restart_checks
 from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario, step_bounds_overrides
+from lockstep_dev.drills.suspects import suspect_checks
 from lockstep_dev.faults import FaultKind
 
 if TYPE_CHECKING:
     from lockstep_dev.drills.harness import Drill
 
 # The incidents, in order (a Drill's `sequence` replaces them). On the real engine a
-# restart costs minutes on two cores: a desync and a hang (benchmarks/failover.py runs
-# the rest there); the stand-in runs a killed rank and a deleted pod too.
+# restart costs minutes on two cores: a desync and a rank stopped with SIGSTOP (a wedged
+# process as an operator meets it; benchmarks/failover.py runs the rest there, and the
+# realsglang tier judges a hang on the real engine's answers); the stand-in runs a
+# killed rank, a hang and a deleted pod after the desync. On both, the second incident
+# hits the pods the desync's in-place restart kept, and names a rank the desync named:
+# its node is the outlier's of two incidents (what the suspect-node checks count on).
 SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
     ("Desynced", "desync"),
-    ("Hung", "hang"),
+    ("RankDown", "stall-rank"),
 )
 STANDIN_SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
-    *SEQUENCE,
+    ("Desynced", "desync"),
     ("RankDown", "kill-rank"),
+    ("Hung", "hang"),
     ("RankDown", "delete-pod"),
 )
 
@@ -36,8 +42,8 @@ def overrides(drill: Drill) -> dict[str, Any]:
 
 
 def act(drill: Drill) -> None:
-    """A desync, then a hang (then, on the stand-in, a killed rank and a deleted pod), in
-    decode/0 of one cluster, each recovered (and judged) before the next.
+    """A desync, then a stopped rank (the stand-in: a killed rank, a hang and a deleted
+    pod), in decode/0 of one cluster, each recovered (and judged) before the next.
 
     The first is restarted in the deployment's mode; the group then fails again
     within `recovery.inPlace.escalationWindowSeconds` of an in-place restart, so (in
@@ -51,11 +57,23 @@ def act(drill: Drill) -> None:
         step = restart_checks(drill, verdict, kind, mode)
         drill.figures_now()
         r = drill.result
+        inc = drill.incident(AFFECTED) or {}
         r.steps.append(
             {
                 "fault": kind,
+                "incident": inc.get("id"),
                 "verdict": r.verdict,
                 "restart_mode": r.restart_mode,
+                "outliers": inc.get("outliers") or [],
+                # Where the restart put the group (the suspect-node checks read it).
+                "pods": [
+                    {
+                        "name": p["metadata"]["name"],
+                        "node": p["spec"].get("nodeName"),
+                        "created": p["metadata"].get("creationTimestamp"),
+                    }
+                    for p in drill.group_pods(AFFECTED)
+                ],
                 "time_to_detect_s": r.time_to_detect_s,
                 "time_to_recover_s": r.time_to_recover_s,
                 "phases": drill.phases(),
@@ -74,6 +92,9 @@ def act(drill: Drill) -> None:
         checks += [(ok, f"{kind}: {why}") for ok, why in step]
         if not all(ok for ok, _ in step) and not drill.keep_going:
             break
+    else:
+        if drill.suspect_nodes is not None:
+            checks += [(ok, f"suspect nodes: {why}") for ok, why in suspect_checks(drill)]
     drill.conclude(checks)
 
 

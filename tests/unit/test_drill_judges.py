@@ -1,0 +1,132 @@
+"""The drills' own judges of who was named (issue 29): what the suspect-node drill expects
+is counted from the incidents status lists, and the restart checks hold an incident to the
+rank, pod and node the fault went into. A judge that passes anything would let the drills
+pass whatever the operator names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lockstep_dev.drills.failover import CaughtStreams, stream_checks
+from lockstep_dev.drills.restart import outlier_checks
+from lockstep_dev.drills.suspects import outlier_nodes
+from lockstep_dev.traffic import Stream, event_rid
+
+pytestmark = pytest.mark.unit
+
+
+def incident(id_: str, *outliers: tuple[str, int | None, str | None]) -> dict[str, Any]:
+    return {
+        "id": id_,
+        "outliers": [
+            {"pod": p, "rank": r, "why": "x", **({"node": n} if n else {})} for p, r, n in outliers
+        ],
+    }
+
+
+def test_an_incident_counts_once_per_node_and_an_outlier_without_a_node_not_at_all() -> None:
+    found = outlier_nodes(
+        [
+            # A desync naming both ranks, both pods on one node: once for that node.
+            incident("decode-0-1", ("d-0-0", 0, "gpu-2"), ("d-0-1", 1, "gpu-2")),
+            incident("decode-0-2", ("d-0-1", 1, "gpu-2")),
+            incident("decode-0-3", ("d-0-1", None, None)),  # a pod never scheduled
+            incident("decode-0-4", ("d-0-0", 0, "gpu-1"), ("d-0-1", 1, "gpu-3")),
+        ]
+    )
+    assert found == {
+        "gpu-2": ["decode-0-1", "decode-0-2"],
+        "gpu-1": ["decode-0-4"],
+        "gpu-3": ["decode-0-4"],
+    }
+
+
+VICTIM = {
+    "metadata": {"name": "drill-decode-0-1", "labels": {"lockstep.dev/rank": "1"}},
+    "spec": {
+        "nodeName": "gpu-3",
+        "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+    },
+}
+
+
+def passed(kind: Any, *outliers: tuple[str, int | None, str | None], why: str = "") -> bool:
+    inc = incident("i", *outliers)
+    for o in inc["outliers"]:
+        o["why"] = why
+    return all(ok for ok, _ in outlier_checks(kind, inc, VICTIM))
+
+
+def test_a_stopped_rank_must_be_the_only_outlier_with_its_rank_pod_node_and_state() -> None:
+    stopped = "its process is stopped"
+    assert passed("stall-rank", ("drill-decode-0-1", 1, "gpu-3"), why=stopped)
+    assert not passed("stall-rank", ("drill-decode-0-1", 1, "gpu-3"), why="behind: in broadcast")
+    assert not passed("stall-rank", ("drill-decode-0-1", 1, None), why=stopped)
+    assert not passed("stall-rank", ("drill-decode-0-0", 0, "gpu-2"), why=stopped)
+    assert not passed(
+        "stall-rank",
+        ("drill-decode-0-1", 1, "gpu-3"),
+        ("drill-decode-0-0", 0, "gpu-2"),
+        why=stopped,
+    )
+    assert not passed("stall-rank")
+
+
+def test_a_killed_rank_must_be_named_gone_and_a_deleted_pod_alone_with_their_nodes() -> None:
+    gone = "its process is gone"
+    assert passed("kill-rank", ("drill-decode-0-1", 1, "gpu-3"), why=gone)
+    # Its peer exits when the collective breaks: named beside it, still a pass.
+    assert passed(
+        "kill-rank", ("drill-decode-0-0", 0, "gpu-2"), ("drill-decode-0-1", 1, "gpu-3"), why=gone
+    )
+    assert not passed("kill-rank", ("drill-decode-0-0", 0, "gpu-2"), why=gone)
+    assert not passed("kill-rank", ("drill-decode-0-1", 1, "gpu-1"), why=gone)
+    assert not passed("kill-rank", ("drill-decode-0-1", 1, "gpu-3"), why="its process is stopped")
+    assert passed("delete-pod", ("drill-decode-0-1", None, "gpu-3"))
+    assert not passed("delete-pod", ("drill-decode-0-1", None, "gpu-1"))
+    assert not passed(
+        "delete-pod", ("drill-decode-0-1", None, "gpu-3"), ("drill-decode-0-0", None, "gpu-2")
+    )
+    # A desync's and a hang's outliers are told in the figures, not judged by this check.
+    assert passed("desync") and passed("hang")
+
+
+def stream(how: str, rid: str | None) -> Stream:
+    s = Stream("http://router", "t")
+    s.how, s.rid = how, rid
+    return s
+
+
+def test_each_stream_the_group_held_must_end_aborted_and_every_other_complete() -> None:
+    # Two streams landed on the affected group (the router may send both there): both
+    # are cut by the incident, each with the engine's abort event, and that passes.
+    both = CaughtStreams([stream("aborted", "a"), stream("aborted", "b")], frozenset({"a", "b"}))
+    assert stream_checks(both)[0]
+    # A stream the group did not hold that ended aborted: the incident reached elsewhere.
+    leak = CaughtStreams([stream("aborted", "a"), stream("aborted", "b")], frozenset({"b"}))
+    assert not stream_checks(leak)[0]
+    # A held stream that ended cut (no abort event): the user saw a short answer.
+    cut = CaughtStreams([stream("cut", "a"), stream("completed", "b")], frozenset({"a"}))
+    assert not stream_checks(cut)[0]
+    # A held stream that completed: the incident did not reach what the group held.
+    missed = CaughtStreams([stream("completed", "a")], frozenset({"a"}))
+    assert not stream_checks(missed)[0]
+    # A stream that never ended (still open past the client's limit).
+    hung = CaughtStreams([stream("aborted", "a"), stream("completed", "b")], frozenset({"a"}))
+    hung.started[1].how = None
+    assert not stream_checks(hung)[0]
+    # No stream was on the group: the incident caught none, nothing was shown.
+    none = CaughtStreams([stream("completed", "a")], frozenset())
+    assert not stream_checks(none)[0]
+    # A runtime that cannot list its requests: exactly one of them aborted.
+    assert stream_checks(CaughtStreams([stream("completed", "a"), stream("aborted", "b")], None))[0]
+    assert not stream_checks(CaughtStreams([stream("aborted", "a"), stream("aborted", "b")], None))[
+        0
+    ]
+
+
+def test_a_streams_id_is_read_from_its_first_event() -> None:
+    assert event_rid('{"text": "", "meta_info": {"id": "r-1"}}') == "r-1"
+    assert event_rid("[DONE]") is None and event_rid('{"meta_info": {}}') is None
