@@ -94,7 +94,7 @@ def test_a_killed_rank_must_be_named_gone_and_a_deleted_pod_alone_with_their_nod
 
 
 def stream(how: str, rid: str | None) -> Stream:
-    s = Stream("http://router", "t")
+    s = Stream("http://router", f"t {rid}")
     s.how, s.rid = how, rid
     return s
 
@@ -125,6 +125,18 @@ def test_each_stream_the_group_held_must_end_aborted_and_every_other_complete() 
     assert not stream_checks(CaughtStreams([stream("aborted", "a"), stream("aborted", "b")], None))[
         0
     ]
+
+
+def test_a_stream_the_group_received_is_its_own_though_the_leaders_list_missed_it() -> None:
+    # On the stand-in the request logs say which group received a stream's prompt: an
+    # aborted stream whose id the leader's list did not show is the group's, and passes.
+    missed = CaughtStreams([stream("aborted", "x"), stream("aborted", "b")], frozenset({"b"}))
+    missed.received = frozenset({"t x"})
+    assert stream_checks(missed)[0]
+    # A stream the group received that completed: the incident did not reach it.
+    kept = CaughtStreams([stream("completed", "x"), stream("aborted", "b")], frozenset({"b"}))
+    kept.received = frozenset({"t x"})
+    assert not stream_checks(kept)[0]
 
 
 def test_a_streams_id_is_read_from_its_first_event() -> None:

@@ -342,6 +342,7 @@ class Arrival:
     group: int
     at: float
     room: int | None
+    prompt: str | None = None  # its first characters, as the stand-in logs them
 
 
 def _pod_dirs(kubelet_root: Path, namespace: str) -> Iterator[tuple[str, str, Path]]:
@@ -371,6 +372,17 @@ def request_log_arrivals(kubelet_root: Path, namespace: str, deployment: str) ->
             if event.get("event") == "received":
                 room = event.get("room")
                 group = int(parts[1].rstrip("b"))
-                out.append(Arrival(name, uid, parts[0], group, float(event["at"]), room))
+                prompt = event.get("prompt")
+                out.append(
+                    Arrival(
+                        name,
+                        uid,
+                        parts[0],
+                        group,
+                        float(event["at"]),
+                        room,
+                        prompt if isinstance(prompt, str) else None,
+                    )
+                )
     out.sort(key=lambda a: a.at)
     return out

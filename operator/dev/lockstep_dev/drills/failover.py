@@ -17,7 +17,13 @@ from lockstep import constants as c
 from lockstep_dev.drills.deployment import AFFECTED, NAME, NAMESPACE
 from lockstep_dev.drills.figures import ts
 from lockstep_dev.faults import agent_token, group_pods
-from lockstep_dev.traffic import CLIENT_TIMEOUT_S, ROUTER, Stream, router_endpoint
+from lockstep_dev.traffic import (
+    CLIENT_TIMEOUT_S,
+    ROUTER,
+    Stream,
+    request_log_arrivals,
+    router_endpoint,
+)
 
 if TYPE_CHECKING:
     from lockstep_dev.drills.harness import Drill
@@ -97,8 +103,14 @@ class CaughtStreams:
 
     started: list[Stream] = field(default_factory=list)
     held: frozenset[str] | None = frozenset()
+    # On the stand-in, the prompts the affected group's pods received (their request
+    # logs, read once the streams ended): a stream there is the group's even where the
+    # leader's list missed it (its id in the stream's events not the one listed).
+    received: frozenset[str] = frozenset()
 
     def on_affected(self, s: Stream) -> bool | None:
+        if s.text in self.received:
+            return True
         if self.held is None:
             return None
         return s.rid is not None and s.rid in self.held
@@ -171,6 +183,12 @@ def failover_checks(
     settled = drill.traffic.quiesce(CLIENT_TIMEOUT_S + 10)
     for s in streams.started:
         s.join(CLIENT_TIMEOUT_S + 10)
+    if drill.engine == "standin" and streams.started:
+        streams.received = frozenset(
+            a.prompt
+            for a in request_log_arrivals(drill.workdir / "kubelet", NAMESPACE, NAME)
+            if a.prompt and f"{a.role}/{a.group}" == AFFECTED
+        )
     caught = [o for o in drill.traffic.outcomes_between(0.0, drained) if o.ended_at > injected]
     waits = [o.ended_at - verdict_at for o in caught if o.ended_at > verdict_at]
     longest = round(max(waits, default=0.0), 2)
