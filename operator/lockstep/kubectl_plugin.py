@@ -324,7 +324,9 @@ def format_status(view: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- incidents
 
 
-def _event_time(event: Mapping[str, Any]) -> float | None:
+def event_time(event: Mapping[str, Any]) -> float | None:
+    """When an Event happened: its eventTime, else its last or first timestamp, else
+    when it was created."""
     for key in ("eventTime", "lastTimestamp", "firstTimestamp"):
         ts = parse_time(event.get(key))
         if ts is not None:
@@ -347,7 +349,7 @@ def incident_steps(incident: Mapping[str, Any], events: Sequence[Mapping[str, An
     found = []
     for event in events:
         message = str(event.get("message") or "")
-        ts = _event_time(event)
+        ts = event_time(event)
         if not message.startswith(prefix) or ts is None or ts < start:
             continue
         if end is not None and ts >= end:

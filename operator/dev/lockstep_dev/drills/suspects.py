@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from lockstep.kubectl_plugin import event_time
 from lockstep.maintenance import CORDONED_BY_ANNOTATION
 from lockstep_dev.drills.deployment import NAME, NAMESPACE
 from lockstep_dev.drills.figures import ts
@@ -35,14 +36,6 @@ def outlier_nodes(incidents: Iterable[Mapping[str, Any]]) -> dict[str, list[str]
         ):
             found.setdefault(node, []).append(str(inc["id"]))
     return found
-
-
-def _event_time(event: Mapping[str, Any]) -> float | None:
-    for key in ("eventTime", "firstTimestamp", "lastTimestamp"):
-        at = ts(event.get(key))
-        if at is not None:
-            return at
-    return ts(event.get("metadata", {}).get("creationTimestamp"))
 
 
 def suspect_checks(drill: Drill) -> Checks:
@@ -119,7 +112,7 @@ def suspect_checks(drill: Drill) -> Checks:
     ]
     cordoned = [e for e in told[first] if e.get("reason") == "NodeCordoned"]
     checks.append((bool(cordoned), f"no NodeCordoned Event for {first}"))
-    at = min((t for t in map(_event_time, cordoned) if t is not None), default=None)
+    at = min((t for t in map(event_time, cordoned) if t is not None), default=None)
     if at is not None:
         # API times are whole seconds: a pod created in the second of the cordon counts
         # as placed after it.
