@@ -75,6 +75,16 @@ class Rank:
             consensus=args.consensus,
         )
         self.state = self.runtime.state
+        if args.slow_evidence_rank == self.rank:
+            # A rank whose evidence write is slow (a busy node, a slow disk): its peers
+            # must not exit, breaking its scheduler's collectives, before it has written.
+            write = self.state.record_failure
+
+            def slow_write(evidence: Any) -> Path:
+                time.sleep(args.slow_evidence_s)
+                return write(evidence)
+
+            self.state.record_failure = slow_write  # type: ignore[method-assign]
         self.tracer = self.runtime.tracer
         self.recorder = self.runtime.recorder
         self.broadcast = self.tracer.wrap(broadcast_pyobj, "broadcast_pyobj", opaque=True)
@@ -235,6 +245,8 @@ def main() -> int:
     parser.add_argument("--diverge-at", type=int, default=0)
     parser.add_argument("--gloo-timeout", type=float, default=60.0)
     parser.add_argument("--step-sleep", type=float, default=0.002)
+    parser.add_argument("--slow-evidence-rank", type=int, default=-1)
+    parser.add_argument("--slow-evidence-s", type=float, default=1.5)
     args = parser.parse_args()
     if args.scenario == "gloo-timeout":
         gloo_timeout_scenario(args)

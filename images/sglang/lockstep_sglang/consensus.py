@@ -59,6 +59,9 @@ MAX_GATHERED_EVENTS = 2048
 # SGLang's own events carry whole request reprs (``match_prefix called params=...``,
 # several KB): evidence keeps the head of each, the comparison the whole text.
 MAX_EVENT_CHARS = 300
+# How long a rank that wrote its evidence waits for its peers to have written theirs
+# before it exits (see fail_on_divergence).
+EVIDENCE_BARRIER_S = 5.0
 
 _EMPTY_RIDS = hashlib.blake2b(b"", digest_size=8).hexdigest()
 
@@ -291,14 +294,53 @@ def compare_across_ranks(
 CHECK_FAILED_EXIT_CODE = 3
 
 
+def wait_for_peers_evidence(
+    groups: Sequence[ProcessGroup], timeout_s: float = EVIDENCE_BARRIER_S
+) -> bool:
+    """A barrier over the checker's groups, bounded by ``timeout_s``: True when every peer
+    reached it (every rank takes the evidence branch together, so this is matched).
+
+    Without it the first rank to exit breaks the collective a slower peer's scheduler
+    thread is waiting in; that thread raises, and the peer's interpreter ends (exit 1)
+    before its checker thread has written the peer's evidence. Runs on its own daemon
+    thread so a peer that never arrives costs ``timeout_s``, not a gloo timeout.
+    """
+    if not groups:
+        return True
+    reached = threading.Event()
+
+    def barrier() -> None:
+        import torch
+        import torch.distributed as dist
+
+        try:
+            token = torch.zeros(1)
+            for group in groups:
+                dist.all_reduce(token, group=group)
+            reached.set()
+        except Exception as exc:  # a peer is gone: its evidence is written or lost anyway
+            logger.warning("lockstep: the evidence barrier failed: %s", exc)
+
+    threading.Thread(target=barrier, name="lockstep-evidence-barrier", daemon=True).start()
+    if reached.wait(timeout_s):
+        return True
+    logger.warning(
+        "lockstep: not every peer confirmed its evidence within %.1f s; ending anyway", timeout_s
+    )
+    return False
+
+
 def fail_on_divergence(
     report: DivergenceReport,
     *,
     state: RankStateWriter | None,
+    groups: Sequence[ProcessGroup] = (),
     log: logging.Logger = logger,
     exit_fn: Callable[[int], object] = os._exit,
+    barrier_s: float = EVIDENCE_BARRIER_S,
 ) -> None:
-    """Log and persist the evidence, then end the process at once.
+    """Log and persist the evidence, wait (bounded) until the peers in ``groups`` have
+    persisted theirs, then end the process.
 
     ``os._exit``, as SGLang's checker does: this runs on a background thread, where
     ``SystemExit`` would end only the thread while the scheduler thread stays wedged.
@@ -317,6 +359,7 @@ def fail_on_divergence(
             log.error("lockstep: could not write failure evidence: %s", exc)
     for handler in [*log.handlers, *logging.getLogger().handlers]:
         handler.flush()
+    wait_for_peers_evidence(groups, barrier_s)
     exit_fn(DIVERGENCE_EXIT_CODE)
 
 
@@ -338,7 +381,7 @@ def compare_and_fail(
     started = time.monotonic()
     report = compare_across_ranks(events, groups)
     if report is not None:
-        fail_on_divergence(report, state=state, exit_fn=exit_fn)
+        fail_on_divergence(report, state=state, groups=groups, exit_fn=exit_fn)
         return
     remaining = pause_s - (time.monotonic() - started)
     if remaining > 0:
@@ -463,7 +506,7 @@ class ConsensusChecker:
                 if self._on_divergence is not None:
                     self._on_divergence(report)
                 else:
-                    fail_on_divergence(report, state=self._state)
+                    fail_on_divergence(report, state=self._state, groups=self._groups)
                 return
             if stopping:
                 return
