@@ -233,6 +233,40 @@ def desync_step(drill: Drill, checks: Checks) -> None:
     ]
 
 
+def pods_created_while_watched(drill: Drill, key: str) -> set[str]:
+    """The uids of the pods of `key` created during IDLE_WATCH_S. A withdrawn pod still
+    terminating when the watch begins is none of them (the drill's wait for "no pod"
+    sees only pods not being deleted; CI once counted such a pod as created)."""
+    before = drill.uids(key)
+    if before:
+        drill.note(f"{key}: {len(before)} withdrawn pod(s) still terminating as the watch begins")
+    created: set[str] = set()
+    idle_from = time.time()
+    while time.time() - idle_from < IDLE_WATCH_S:
+        drill.poll()
+        created |= drill.uids(key) - before
+        time.sleep(0.5)
+    if created:
+        # Why it tried again, for whoever reads a failed run: the operator's placement
+        # Events for the group and what the nodes looked like (a taint, a cordon).
+        role, index = key.split("/")
+        said = [
+            str(e.get("message"))
+            for e in drill.cluster.events(NAMESPACE)
+            if e.get("reason") == "GroupUnschedulable"
+            and f"{role} group {index}:" in str(e.get("message"))
+        ]
+        nodes = {
+            name: [n["spec"].get("unschedulable"), n["spec"].get("taints")]
+            for name, n in drill.nodes().items()
+        }
+        drill.note(
+            f"{key}: pod(s) {sorted(created)} created while it could not be placed; "
+            f"its placement Events {said[-4:]}; the nodes {nodes}"
+        )
+    return created
+
+
 def drain_step(drill: Drill, checks: Checks) -> None:
     """`kubectl drain` of a serving group's follower node in the full pool."""
     target = serving_index(drill)
@@ -268,13 +302,7 @@ def drain_step(drill: Drill, checks: Checks) -> None:
         if e.get("reason") == "GroupUnschedulable"
         and f"decode group {target}:" in str(e.get("message"))
     ]
-    uids: set[str] = set()
-    idle_from = time.time()
-    while time.time() - idle_from < IDLE_WATCH_S:
-        drill.poll()
-        uids |= drill.uids(key)
-        time.sleep(0.5)
-    created = len(uids)
+    created = len(pods_created_while_watched(drill, key))
     epoch_after = int(drill.groups("decode")[target].get("epoch", 0))
     short = group_seconds_short(drill.capacity, started)
     uncordon(drill.cluster.cp.kubeconfig, node)
@@ -363,12 +391,7 @@ def drain_without_spare_step(drill: Drill, checks: Checks) -> None:
             180,
             f"{key} waiting unplaced with no pod",
         )
-        uids: set[str] = set()
-        idle_from = time.time()
-        while time.time() - idle_from < IDLE_WATCH_S:
-            drill.poll()
-            uids |= drill.uids(key)
-            time.sleep(0.5)
+        uids = pods_created_while_watched(drill, key)
         drill.wait(lambda: not drain.running, 200, "kubectl drain to finish")
         done = drain.wait(5)
     short = group_seconds_short(drill.capacity, started)
