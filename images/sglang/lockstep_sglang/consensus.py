@@ -294,19 +294,17 @@ def compare_across_ranks(
 CHECK_FAILED_EXIT_CODE = 3
 
 
-def wait_for_peers_evidence(
-    groups: Sequence[ProcessGroup], timeout_s: float = EVIDENCE_BARRIER_S
-) -> bool:
-    """A barrier over the checker's groups, bounded by ``timeout_s``: True when every peer
-    reached it (every rank takes the evidence branch together, so this is matched).
+def wait_for_peers_evidence(groups: Sequence[ProcessGroup]) -> None:
+    """A barrier over the checker's groups, bounded by EVIDENCE_BARRIER_S (every rank
+    takes the evidence branch together, so this is matched).
 
     Without it the first rank to exit breaks the collective a slower peer's scheduler
     thread is waiting in; that thread raises, and the peer's interpreter ends (exit 1)
     before its checker thread has written the peer's evidence. Runs on its own daemon
-    thread so a peer that never arrives costs ``timeout_s``, not a gloo timeout.
+    thread so a peer that never arrives costs EVIDENCE_BARRIER_S, not a gloo timeout.
     """
     if not groups:
-        return True
+        return
     reached = threading.Event()
 
     def barrier() -> None:
@@ -322,12 +320,11 @@ def wait_for_peers_evidence(
             logger.warning("lockstep: the evidence barrier failed: %s", exc)
 
     threading.Thread(target=barrier, name="lockstep-evidence-barrier", daemon=True).start()
-    if reached.wait(timeout_s):
-        return True
-    logger.warning(
-        "lockstep: not every peer confirmed its evidence within %.1f s; ending anyway", timeout_s
-    )
-    return False
+    if not reached.wait(EVIDENCE_BARRIER_S):
+        logger.warning(
+            "lockstep: not every peer confirmed its evidence within %.1f s; ending anyway",
+            EVIDENCE_BARRIER_S,
+        )
 
 
 def fail_on_divergence(
@@ -337,7 +334,6 @@ def fail_on_divergence(
     groups: Sequence[ProcessGroup] = (),
     log: logging.Logger = logger,
     exit_fn: Callable[[int], object] = os._exit,
-    barrier_s: float = EVIDENCE_BARRIER_S,
 ) -> None:
     """Log and persist the evidence, wait (bounded) until the peers in ``groups`` have
     persisted theirs, then end the process.
@@ -359,7 +355,7 @@ def fail_on_divergence(
             log.error("lockstep: could not write failure evidence: %s", exc)
     for handler in [*log.handlers, *logging.getLogger().handlers]:
         handler.flush()
-    wait_for_peers_evidence(groups, barrier_s)
+    wait_for_peers_evidence(groups)
     exit_fn(DIVERGENCE_EXIT_CODE)
 
 

@@ -233,6 +233,17 @@ def desync_step(drill: Drill, checks: Checks) -> None:
     ]
 
 
+def placement_events(drill: Drill, key: str) -> list[dict[str, Any]]:
+    """The operator's GroupUnschedulable Events for the group `key` (role/index)."""
+    role, index = key.split("/")
+    return [
+        e
+        for e in drill.cluster.events(NAMESPACE)
+        if e.get("reason") == "GroupUnschedulable"
+        and f"{role} group {index}:" in str(e.get("message"))
+    ]
+
+
 def pods_created_while_watched(drill: Drill, key: str) -> set[str]:
     """The uids of the pods of `key` created during IDLE_WATCH_S. A withdrawn pod still
     terminating when the watch begins is none of them (the drill's wait for "no pod"
@@ -249,13 +260,7 @@ def pods_created_while_watched(drill: Drill, key: str) -> set[str]:
     if created:
         # Why it tried again, for whoever reads a failed run: the operator's placement
         # Events for the group and what the nodes looked like (a taint, a cordon).
-        role, index = key.split("/")
-        said = [
-            str(e.get("message"))
-            for e in drill.cluster.events(NAMESPACE)
-            if e.get("reason") == "GroupUnschedulable"
-            and f"{role} group {index}:" in str(e.get("message"))
-        ]
+        said = [str(e.get("message")) for e in placement_events(drill, key)]
         nodes = {
             name: [n["spec"].get("unschedulable"), n["spec"].get("taints")]
             for name, n in drill.nodes().items()
@@ -296,12 +301,7 @@ def drain_step(drill: Drill, checks: Checks) -> None:
     schedulable: dict[str, Any] = next(
         (x for x in drill.status().get("conditions") or [] if x["type"] == "Schedulable"), {}
     )
-    withdrawn = [
-        e
-        for e in drill.cluster.events(NAMESPACE)
-        if e.get("reason") == "GroupUnschedulable"
-        and f"decode group {target}:" in str(e.get("message"))
-    ]
+    withdrawn = placement_events(drill, key)
     created = len(pods_created_while_watched(drill, key))
     epoch_after = int(drill.groups("decode")[target].get("epoch", 0))
     short = group_seconds_short(drill.capacity, started)
