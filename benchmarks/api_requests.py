@@ -33,7 +33,7 @@ import yaml  # noqa: E402
 from harness import FakeKubelet, OperatorProcess, wait_for  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 
-from lockstep import constants as c  # noqa: E402
+from lockstep.api import constants as c  # noqa: E402
 from lockstep_dev.localcluster.audit import parse_audit_log  # noqa: E402
 from lockstep_dev.localcluster.controlplane import LocalControlPlane  # noqa: E402
 

@@ -7,7 +7,7 @@ server (1,000 groups would be 2,000+ pods to run). The watch caches (the kopf in
 the deployment's pods and Services, which replaced listing them every round) are
 measured the same way: the objects the operator renders for that many groups, with the
 status and `managedFields` an API server adds, kept as the indexes keep them
-(`lockstep.handlers.snapshot`). kopf's own per-object bookkeeping is not included.
+(`lockstep.handlers.operator.snapshot`). kopf's own per-object bookkeeping is not included.
 Prints JSON.
 Usage: python benchmarks/operator_memory.py [--groups 1000]
 """
@@ -24,13 +24,13 @@ from pathlib import Path
 import psutil
 import yaml
 
-from lockstep.agent_client import RanksAnswer
-from lockstep.builders import build_all
-from lockstep.handlers import snapshot  # (and the operator's import footprint)
-from lockstep.models import parse_pddeployment
-from lockstep.prober import HISTORY, ProbeBook, ProbeSample, ProbeTarget
-from lockstep.records import dump_records
-from lockstep.recovery import GroupRecord, IncidentRecord, PodRef, Step
+from lockstep.api.models import parse_pddeployment
+from lockstep.clients.agent_client import RanksAnswer
+from lockstep.clients.prober import HISTORY, ProbeBook, ProbeSample, ProbeTarget
+from lockstep.core.builders import build_all
+from lockstep.core.records import dump_records
+from lockstep.core.recovery import GroupRecord, IncidentRecord, PodRef, Step
+from lockstep.handlers.operator import snapshot  # (and the operator's import footprint)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,9 +16,9 @@ import time
 
 import httpx
 
-from lockstep.handlers import PROBE_POOL as POOL
-from lockstep.models import HealthSpec
-from lockstep.prober import ProbeBook, Prober, ProbeTarget
+from lockstep.api.models import HealthSpec
+from lockstep.clients.prober import ProbeBook, Prober, ProbeTarget
+from lockstep.handlers.operator import PROBE_POOL as POOL
 
 RESPONSE = (
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n"
@@ -76,7 +76,7 @@ async def run(groups: int, seconds: float, port: int, period: float) -> dict[str
         nonlocal count
         count += 1
 
-    # The operator's client settings (lockstep.handlers): a bounded pool. A pool as large
+    # The operator's client settings (lockstep.handlers.operator): a bounded pool. A pool as large
     # as the number of pods made every request scan it (67 probes per CPU-second at 1000
     # groups in our first run, against about 950 with this pool).
     client = httpx.AsyncClient(limits=POOL)

@@ -198,14 +198,14 @@ class IncidentScene:
 
 def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> IncidentScene:
     """The scene of `IncidentScene`'s docstring, its clock at `now`."""
-    from lockstep.agent_client import report_from_text
-    from lockstep.builders import build_group_pods
-    from lockstep.evidence import EvidenceEntry, to_data
-    from lockstep.models import Incident, PDDeploymentStatus, parse_pddeployment
-    from lockstep.policy import evaluate
-    from lockstep.records import ANNOTATION_RECORDS, dump_records
-    from lockstep.recovery import GroupRecord, IncidentRecord, Step
-    from lockstep.verdicts import divergence_cause
+    from lockstep.api.models import Incident, PDDeploymentStatus, parse_pddeployment
+    from lockstep.clients.agent_client import report_from_text
+    from lockstep.core.builders import build_group_pods
+    from lockstep.core.evidence import EvidenceEntry, to_data
+    from lockstep.core.policy import evaluate
+    from lockstep.core.records import ANNOTATION_RECORDS, dump_records
+    from lockstep.core.recovery import GroupRecord, IncidentRecord, Step
+    from lockstep.core.verdicts import divergence_cause
 
     obj = pdd_obj(
         prefill={"tp": 1, "gpusPerPod": 1},
@@ -282,7 +282,7 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
         "log:\nINFO decode batch 1198\nINFO decode batch 1199",
         "log: unavailable (ApiException)",
     ]
-    # As lockstep.executor joins what it captured from each pod.
+    # As lockstep.execute joins what it captured from each pod.
     captured = "\n".join(
         f"[qwen-decode-0-{rank}] {part}"
         for rank in (0, 1)
@@ -292,7 +292,7 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
             logs[rank],
         )
     )
-    # As lockstep.executor keeps the cause of what it captured.
+    # As lockstep.execute keeps the cause of what it captured.
     cause = divergence_cause(
         r
         for rank, text in enumerate(answers)

@@ -27,9 +27,9 @@ import pytest
 import yaml
 from factories import GOOD_EXAMPLES
 
-from lockstep.builders import build_all
-from lockstep.cli import build_parser
-from lockstep.models import parse_pddeployment
+from lockstep.api.models import parse_pddeployment
+from lockstep.cli.main import build_parser
+from lockstep.core.builders import build_all
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/lockstep"
@@ -982,6 +982,6 @@ def test_the_wheel_ships_no_dev_wing_and_no_stand_in(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     (wheel,) = tmp_path.glob("lockstep-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "lockstep/cli.py" in names and "lockstep_sglang/launcher.py" in names
+    assert "lockstep/cli/main.py" in names and "lockstep_sglang/launcher.py" in names
     wing = [n for n in names if n.split("/")[0] in ("lockstep_dev", "lockstep_standin")]
     assert wing == [] and not [n for n in names if "localcluster" in n or "standin" in n]

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from factories import GOOD_EXAMPLES, REPO
 
-from lockstep.builders import build_all
-from lockstep.models import parse_pddeployment
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.builders import build_all
 
 VERSIONS = ["1.30.0", "1.33.0"]
 

@@ -23,9 +23,9 @@ import pytest
 import yaml
 from factories import REPO, IncidentScene, incident_scene
 
-from lockstep.builders import build_evidence_configmap
-from lockstep.models import parse_pddeployment
-from lockstep.records import ANNOTATION_RESTART, manual_request
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.builders import build_evidence_configmap
+from lockstep.core.records import ANNOTATION_RESTART, manual_request
 from lockstep_dev.localcluster import LocalControlPlane
 
 PDDS = "/apis/lockstep.dev/v1alpha1/namespaces/{ns}/pddeployments"
@@ -48,7 +48,7 @@ class Plugin:
         self.transcript = transcript
 
     def __call__(self, *args: str, cmd: list[str] | None = None) -> tuple[int, str, str]:
-        argv = [*(cmd or [sys.executable, "-m", "lockstep.kubectl_plugin"]), *args]
+        argv = [*(cmd or [sys.executable, "-m", "lockstep.cli.kubectl"]), *args]
         done = subprocess.run(
             argv, env=self.env, capture_output=True, text=True, timeout=60, check=False
         )
@@ -215,7 +215,7 @@ def test_kubectl_lockstep_against_the_api_server(
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "kubectl-lockstep"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m lockstep.kubectl_plugin "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m lockstep.cli.kubectl "$@"\n')
     shim.chmod(0o755)
     # Only the shim's folder and the system's: another kubectl-lockstep on PATH (the
     # venv's, once installed) would make `kubectl plugin list` warn and fail.

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from factories import pdd_obj
 
-from lockstep.builders import build_agent_token_secret, build_group_pods, dist_port
-from lockstep.models import parse_pddeployment
-from lockstep.policy import evaluate
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.builders import build_agent_token_secret, build_group_pods, dist_port
+from lockstep.core.policy import evaluate
 from lockstep_dev.localcluster import LocalControlPlane
 from lockstep_dev.localcluster.kubelet import GPU_PRODUCT_LABEL, NodeShape, ProcessKubelet
 

@@ -15,8 +15,8 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from lockstep.kube import FencedApiClient
-from lockstep.leader import ElectionConfig, LeaderElector, LeaseIO, NotLeader
+from lockstep.clients.kube import FencedApiClient
+from lockstep.clients.leader import ElectionConfig, LeaderElector, LeaseIO, NotLeader
 from lockstep_dev.localcluster.controlplane import LocalControlPlane
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.timeout(120)]

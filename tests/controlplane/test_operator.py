@@ -549,10 +549,10 @@ def test_a_node_behind_the_outlier_of_three_incidents_is_named_and_cordoned_only
     NodesSuspect condition and a NodeSuspect Event name it; the cordon waits for
     spec.recovery.suspectNodes.cordon, then the real API server's Node is cordoned with
     the reason; a person who uncordons it is not overruled."""
-    from lockstep.maintenance import CORDONED_BY_ANNOTATION
-    from lockstep.models import Incident, IncidentOutlier
-    from lockstep.objects import rfc3339
-    from lockstep.records import ANNOTATION_INCIDENTS
+    from lockstep.api.models import Incident, IncidentOutlier
+    from lockstep.api.objects import rfc3339
+    from lockstep.core.maintenance import CORDONED_BY_ANNOTATION
+    from lockstep.core.records import ANNOTATION_INCIDENTS
 
     node = f"suspect-{env.ns}"
     taint = {"key": "lockstep.dev/test-only", "effect": "NoSchedule"}
@@ -615,8 +615,8 @@ def test_a_capture_over_the_bound_is_kept_whole_in_a_slot_configmap_the_oldest_r
     """With maxEvidenceBytes 1024 a 2-pod group's capture does not fit: status keeps the
     fitted capture and names the ConfigMap with the whole one; with one slot, the next
     incident's whole capture takes the slot and the first one no longer names it."""
-    from lockstep.evidence import FULL_NOTE, split_capture
-    from lockstep.kubectl_plugin import evidence_view
+    from lockstep.cli.kubectl import evidence_view
+    from lockstep.core.evidence import FULL_NOTE, split_capture
 
     recovery = {
         "backoff": {"baseSeconds": 0, "maxSeconds": 0},

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 from factories import load_example, with_path
 
-from lockstep import constants as c
-from lockstep import rolescale as rs
-from lockstep.builders import role_selector
-from lockstep.models import parse_pddeployment
+from lockstep.api import constants as c
+from lockstep.api.models import parse_pddeployment
+from lockstep.core import rolescale as rs
+from lockstep.core.builders import role_selector
 from lockstep_dev.localcluster import LocalControlPlane
 
 API = "/apis/lockstep.dev/v1alpha1"

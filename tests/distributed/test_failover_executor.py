@@ -16,12 +16,12 @@ from test_standin import AGENT_TOKEN, Launcher, StandinPod, launcher
 from test_standin_failover import LONG_WAITS, Background, held, pd_body, stream
 from test_standin_pd import serving, start
 
-from lockstep import constants as c
-from lockstep.agent_client import AgentClient
-from lockstep.executor import Deps, Execution
-from lockstep.metrics import Metrics
-from lockstep.models import parse_pddeployment
-from lockstep.recovery import EndRequests, PodRef
+from lockstep.api import constants as c
+from lockstep.api.models import parse_pddeployment
+from lockstep.clients.agent_client import AgentClient
+from lockstep.clients.metrics import Metrics
+from lockstep.core.recovery import EndRequests, PodRef
+from lockstep.execute import Deps, Execution
 
 __all__ = ["launcher"]  # the fixture, used by name
 

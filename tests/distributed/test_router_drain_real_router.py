@@ -1,7 +1,7 @@
 """lockstep's drain and re-admission in the real sglang-router's worker registry.
 
 A real router (PD mode, the `sglang-router` wheel) in front of real stand-in pods (one
-prefill, two decode); `lockstep.router_workers` admits them, drains one decode pod and
+prefill, two decode); `lockstep.clients.router_workers` admits them, drains one decode pod and
 admits it back. What a user would notice is checked from the pods' own request logs:
 while drained, the pod receives nothing and every request still succeeds. The operator's
 level-triggered sweep (`Execution.sweep_routers`) runs against the same real router: a
@@ -26,11 +26,11 @@ from dist_support import wait_until
 from factories import pdd_obj
 from test_standin import HTTP_PORT, Launcher, StandinPod, launcher
 
-from lockstep import constants as c
-from lockstep.agent_client import AgentClient
-from lockstep.executor import Deps, Execution
-from lockstep.models import parse_pddeployment
-from lockstep.router_workers import RouterBook, RouterWorker, admit_workers, drain_workers
+from lockstep.api import constants as c
+from lockstep.api.models import parse_pddeployment
+from lockstep.clients.agent_client import AgentClient
+from lockstep.clients.router_workers import RouterBook, RouterWorker, admit_workers, drain_workers
+from lockstep.execute import Deps, Execution
 from lockstep_standin.protocol import expected_text
 
 __all__ = ["launcher"]  # the fixture, used by name

@@ -40,9 +40,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from lockstep import constants as c
-from lockstep.builders import build_router
-from lockstep.models import parse_pddeployment
+from lockstep.api import constants as c
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.builders import build_router
 from lockstep_dev.drills import NAME, NAMESPACE, Drill, drill_spec
 from lockstep_dev.localcluster.audit import (
     AuditEvent,

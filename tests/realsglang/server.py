@@ -47,11 +47,11 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
 def operator_verdict(
     pod: str, probe: httpx.Response, first: Mapping[str, Any], then: Mapping[str, Any]
 ) -> Any:
-    """The operator's own judgement (``lockstep.verdicts.classify_group``) of a one-pod
+    """The operator's own judgement (``lockstep.core.verdicts.classify_group``) of a one-pod
     group on node-a from what the real server answered: the deep probe's answer and two
     of its pod agent's rank reports (``first``, then ``then`` a moment later)."""
-    from lockstep.agent_client import report_from_ranks
-    from lockstep.verdicts import GroupObservation, PodView, ProbeOutcome, classify_group
+    from lockstep.clients.agent_client import report_from_ranks
+    from lockstep.core.verdicts import GroupObservation, PodView, ProbeOutcome, classify_group
 
     obs = GroupObservation(
         epoch=0,

@@ -39,7 +39,7 @@ def test_a_rank_wedged_in_the_request_broadcast_is_judged_hung_with_every_rank_w
     no progress a second later, and the operator's own judgement of those answers is
     Hung (not Slow, not Desynced, not a stopped rank). The local cluster's stand-in drills
     recover it (tests/e2e/test_router_drills.py)."""
-    from lockstep.verdicts import Signal, Verdict
+    from lockstep.core.verdicts import Signal, Verdict
 
     server = real_server()
     server.wait_ready()

@@ -86,7 +86,7 @@ def test_a_sigstopped_rank_is_judged_rank_down_and_named_wherever_it_stopped(
     with the stopped rank and its pod named as the outlier (the incident adds the pod's
     node: tests/unit/test_recovery.py); resumed, the group serves again and the request
     it caught completes."""
-    from lockstep.verdicts import Signal, Verdict
+    from lockstep.core.verdicts import Signal, Verdict
 
     pod = "real-decode-0-0"
     pids = shared_tp2.rank_pids()

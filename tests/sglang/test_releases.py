@@ -11,7 +11,7 @@ import sys
 import pytest
 from factories import REPO, sglang_source
 
-from lockstep.policy import supported_versions
+from lockstep.core.policy import supported_versions
 from lockstep_sglang import pins
 
 pytestmark = pytest.mark.sglang

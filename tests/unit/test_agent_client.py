@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lockstep.agent_client import (
+from lockstep.clients.agent_client import (
     AgentDataError,
     captured_ranks,
     captured_stacks,
@@ -18,7 +18,7 @@ from lockstep.agent_client import (
     report_from_ranks,
     report_from_text,
 )
-from lockstep.verdicts import (
+from lockstep.core.verdicts import (
     MAX_EVIDENCE_TEXT,
     Collective,
     Decision,

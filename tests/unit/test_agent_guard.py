@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lockstep import agent_client
-from lockstep.agent_client import AgentClient, read_ranks_async
+from lockstep.clients import agent_client
+from lockstep.clients.agent_client import AgentClient, read_ranks_async
 from lockstep_sglang.agent import RATE_LIMITS, PodAgent, TokenBucket
 
 pytestmark = pytest.mark.unit

@@ -38,7 +38,7 @@ def test_import_contracts_are_kept() -> None:
 
 def test_cli_import_loads_neither_sglang_nor_torch_nor_kopf() -> None:
     code = (
-        "import sys, lockstep.cli, lockstep.builders, lockstep.policy; "
+        "import sys, lockstep.cli, lockstep.core.builders, lockstep.core.policy; "
         "print(sorted(m for m in ('sglang', 'torch', 'kopf') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,10 +6,10 @@ from typing import Any
 
 from factories import load_example, pdd_obj
 
-from lockstep import constants as c
-from lockstep.builders import build_all, build_group_pods, build_group_service, dist_port
-from lockstep.models import PDDeployment, parse_pddeployment
-from lockstep.policy import evaluate
+from lockstep.api import constants as c
+from lockstep.api.models import PDDeployment, parse_pddeployment
+from lockstep.core.builders import build_all, build_group_pods, build_group_service, dist_port
+from lockstep.core.policy import evaluate
 
 
 def deepseek() -> PDDeployment:
@@ -297,7 +297,7 @@ def test_a_stock_image_gets_the_runtime_from_an_init_container() -> None:
         "readOnly": True,
     } in sglang["volumeMounts"]
     # The operator's own image (--runtime-image), or one named in the spec.
-    from lockstep.models import with_runtime_image
+    from lockstep.api.models import with_runtime_image
 
     mirrored = with_runtime_image(pdd, "registry.local/lockstep/operator:0.1.0")
     pod = build_group_pods(mirrored, "decode", 0, 0, evaluate(pdd.spec).roles["decode"])[0]

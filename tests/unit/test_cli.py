@@ -9,7 +9,7 @@ import pytest
 import yaml
 from factories import EXAMPLES, REPO
 
-from lockstep.cli import main
+from lockstep.cli.main import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -141,7 +141,7 @@ def test_crd_command_prints_the_committed_crd(capsys: pytest.CaptureFixture[str]
 
 
 def test_readme_documents_every_policy_rule() -> None:
-    from lockstep.policy import RULES
+    from lockstep.core.policy import RULES
 
     readme = (REPO / "README.md").read_text()
     for rule in RULES:

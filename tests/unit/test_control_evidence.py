@@ -28,8 +28,8 @@ class SecretStore:
 def test_the_token_secret_is_made_once_and_made_again_if_deleted() -> None:
     from factories import load_example
 
-    from lockstep.executor import agent_token
-    from lockstep.models import parse_pddeployment
+    from lockstep.api.models import parse_pddeployment
+    from lockstep.execute import agent_token
 
     store = SecretStore()
     rt = SimpleNamespace(kube=store, agent_tokens={})

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from factories import GOOD_EXAMPLES, REPO, UNSAFE_EXAMPLES
 
-from lockstep.crd import build_crd, crd_yaml
+from lockstep.core.crd import build_crd, crd_yaml
 
 CRD_PATH = REPO / "crds/pddeployments.lockstep.dev.yaml"
 

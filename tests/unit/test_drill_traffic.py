@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.traffic import request_log_arrivals, router_endpoint
 
 

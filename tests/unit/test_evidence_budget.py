@@ -1,4 +1,4 @@
-"""The capture's bound shared fairly (`lockstep.evidence.fit_capture`): every pod of the
+"""The capture's bound shared fairly (`lockstep.core.evidence.fit_capture`): every pod of the
 group keeps its rank states, its stacks and its log tail, and the capture says what was
 trimmed (first come first served, the first pod's sections filled the cap and the other
 pod's rank states were cut)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from lockstep.evidence import (
+from lockstep.core.evidence import (
     EVIDENCE_MARK,
     CapturePart,
     EvidenceEntry,
@@ -117,7 +117,7 @@ def test_fair_shares_give_what_a_small_one_leaves_to_the_others() -> None:
 
 
 def test_a_capture_over_the_cap_takes_a_free_slot_then_the_oldest_incidents() -> None:
-    from lockstep.evidence import choose_full_slot
+    from lockstep.core.evidence import choose_full_slot
 
     def held(**slots: str) -> dict[str, EvidenceEntry]:
         return {i: EvidenceEntry(captured="x", full=f"m-evidence-{s}") for i, s in slots.items()}
@@ -146,7 +146,7 @@ def test_a_capture_over_the_cap_takes_a_free_slot_then_the_oldest_incidents() ->
 
 
 def test_a_whole_capture_is_bounded_in_bytes_not_characters() -> None:
-    from lockstep.evidence import fit_capture_bytes
+    from lockstep.core.evidence import fit_capture_bytes
 
     wide = [CapturePart("m-decode-0-0", "log", "ünïcødé log line ✓\n" * 4000, inline=False)]
     text = fit_capture_bytes(wide, 20000)
@@ -155,7 +155,7 @@ def test_a_whole_capture_is_bounded_in_bytes_not_characters() -> None:
 
 
 def test_a_whole_capture_not_kept_is_said_after_the_capture_in_status() -> None:
-    from lockstep.evidence import MISSED_NOTE, from_data, to_data
+    from lockstep.core.evidence import MISSED_NOTE, from_data, to_data
 
     captured = fit_capture(tp8_over_two_pods(), CAP)
     entry = EvidenceEntry(verdict="v", captured=captured, full_missed="70000 chars, no free slot")
@@ -166,7 +166,7 @@ def test_a_whole_capture_not_kept_is_said_after_the_capture_in_status() -> None:
 
 
 def test_the_status_text_says_where_the_whole_capture_is_and_the_store_keeps_it() -> None:
-    from lockstep.evidence import FULL_NOTE, from_data, to_data
+    from lockstep.core.evidence import FULL_NOTE, from_data, to_data
 
     captured = fit_capture(tp8_over_two_pods(), CAP)
     entry = EvidenceEntry(verdict="Desynced", captured=captured, full="m-evidence-0")

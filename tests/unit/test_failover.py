@@ -1,4 +1,4 @@
-"""Which requests to end, where, when a group leaves service (`lockstep.failover`), and the
+"""Which requests to end, where, when a group leaves service (`lockstep.core.failover`), and the
 operator's side of the runtime's failover routes checked against the runtime's own code
 (`lockstep_sglang.failover`): what it lists parses here, what the operator sends selects
 there what it means to."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from lockstep.agent_client import held_from_json
-from lockstep.failover import (
+from lockstep.clients.agent_client import held_from_json
+from lockstep.core.failover import (
     ORPHAN_GRACE_SECONDS,
     EndOrder,
     HeldRequest,

@@ -7,18 +7,18 @@ from typing import Any
 
 from factories import load_example
 
-from lockstep.evidence import EVIDENCE_MARK, EvidenceEntry, EvidenceStore, from_data, to_data
-from lockstep.models import Incident, parse_pddeployment
-from lockstep.policy import evaluate
-from lockstep.records import (
+from lockstep.api.models import Incident, parse_pddeployment
+from lockstep.core.evidence import EVIDENCE_MARK, EvidenceEntry, EvidenceStore, from_data, to_data
+from lockstep.core.policy import evaluate
+from lockstep.core.records import (
     ANNOTATION_INCIDENTS,
     MAX_INCIDENTS,
     apply_incident_actions,
     dump_incidents,
     load_incidents,
 )
-from lockstep.recovery import CloseIncident, OpenIncident, UpdateIncident, new_group_record
-from lockstep.status import PROBE_REFRESH_SECONDS, LastProbe, derive_status, status_changed
+from lockstep.core.recovery import CloseIncident, OpenIncident, UpdateIncident, new_group_record
+from lockstep.core.status import PROBE_REFRESH_SECONDS, LastProbe, derive_status, status_changed
 
 
 def incident(n: int, **kw: Any) -> Incident:

@@ -1,4 +1,4 @@
-"""Kubernetes' own rules (`lockstep.k8s_rules`), value by value: what the API server, the
+"""Kubernetes' own rules (`lockstep.api.k8s_rules`), value by value: what the API server, the
 kubelet and Kueue accept and refuse, checked against the examples Kubernetes documents."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lockstep import k8s_rules as k8s
+from lockstep.api import k8s_rules as k8s
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,15 @@ from typing import Any
 import pytest
 from factories import REPO, incident_scene, pdd_obj, rank_state, ranks_answer, with_path
 
-from lockstep import kubectl_plugin as kp
-from lockstep.evidence import to_data
-from lockstep.records import ANNOTATION_RECORDS, ANNOTATION_RESTART, dump_records, manual_request
-from lockstep.recovery import GroupRecord
+from lockstep.cli import kubectl as kp
+from lockstep.core.evidence import to_data
+from lockstep.core.records import (
+    ANNOTATION_RECORDS,
+    ANNOTATION_RESTART,
+    dump_records,
+    manual_request,
+)
+from lockstep.core.recovery import GroupRecord
 
 SCENE = incident_scene()
 NOW = SCENE.now
@@ -369,7 +374,7 @@ def test_an_unreadable_kubeconfig_is_named(
 
 def test_the_package_installs_the_plugin_executable() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["kubectl-lockstep"] == "lockstep.kubectl_plugin:main"
+    assert pyproject["project"]["scripts"]["kubectl-lockstep"] == "lockstep.cli.kubectl:main"
 
 
 def test_a_spec_without_replicas_has_one_group_per_role() -> None:

@@ -14,13 +14,18 @@ import pytest
 import yaml
 from factories import pdd_obj, with_path
 
-from lockstep import constants as c
-from lockstep import k8s_rules as k8s
-from lockstep.builders import build_all, build_group_pdb, build_group_pods, kueue_pod_group_name
-from lockstep.cli import main
-from lockstep.models import MAX_NAME_LENGTH, InvalidPDDeployment, parse_pddeployment
-from lockstep.policy import evaluate
-from lockstep.webhook import review
+from lockstep.api import constants as c
+from lockstep.api import k8s_rules as k8s
+from lockstep.api.models import MAX_NAME_LENGTH, InvalidPDDeployment, parse_pddeployment
+from lockstep.cli.main import main
+from lockstep.core.builders import (
+    build_all,
+    build_group_pdb,
+    build_group_pods,
+    kueue_pod_group_name,
+)
+from lockstep.core.policy import evaluate
+from lockstep.core.webhook import review
 
 pytestmark = pytest.mark.unit
 

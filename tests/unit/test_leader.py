@@ -1,4 +1,4 @@
-"""Leader election (`lockstep.leader`) with an injected clock: one holder at a time, a
+"""Leader election (`lockstep.clients.leader`) with an injected clock: one holder at a time, a
 standby takes over only after the lease duration without a renewal it could see, and a
 leader that cannot prove it renewed within the renew deadline (a pause) refuses to write
 and gives up without renewing. The real API server's side: tests/controlplane."""
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from lockstep.leader import (
+from lockstep.clients.leader import (
     ElectionConfig,
     LeaderElector,
     LeaseRecord,

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field, replace
 import pytest
 from test_recovery import T0, Sim, settings
 
-from lockstep.maintenance import (
+from lockstep.api.models import MaintenanceSpec
+from lockstep.core.maintenance import (
     NodeState,
     cluster_fingerprint,
     group_maintenance,
     node_maintenance,
 )
-from lockstep.models import MaintenanceSpec
-from lockstep.recovery import (
+from lockstep.core.recovery import (
     CloseIncident,
     CreateEpoch,
     DeletePods,
@@ -33,7 +33,7 @@ from lockstep.recovery import (
     Step,
     status_state,
 )
-from lockstep.verdicts import PodView
+from lockstep.core.verdicts import PodView
 
 pytestmark = pytest.mark.unit
 
@@ -168,7 +168,7 @@ def test_the_drain_is_bounded_by_drain_timeout_seconds() -> None:
 
 
 def _messages(sim: Sim) -> list[str]:
-    from lockstep.recovery import EmitEvent
+    from lockstep.core.recovery import EmitEvent
 
     return [a.message for a in sim.actions(EmitEvent) if isinstance(a, EmitEvent)]
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from factories import GOOD_EXAMPLES, pdd_obj, with_path
 
-from lockstep.models import InvalidPDDeployment, parse_pddeployment
+from lockstep.api.models import InvalidPDDeployment, parse_pddeployment
 
 BASE = pdd_obj()
 

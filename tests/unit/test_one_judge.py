@@ -12,12 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
-from lockstep.agent_client import AgentClient, report_from_text
+from lockstep.clients.agent_client import AgentClient, report_from_text
+from lockstep.clients.metrics import Metrics
+from lockstep.clients.prober import ProbeBook
 from lockstep.control import Runtime, observe_group
-from lockstep.metrics import Metrics
-from lockstep.prober import ProbeBook
-from lockstep.recovery import IncidentRecord, Step, new_group_record
-from lockstep.verdicts import Signal, Verdict
+from lockstep.core.recovery import IncidentRecord, Step, new_group_record
+from lockstep.core.verdicts import Signal, Verdict
 from lockstep_sglang.agent import PodAgent
 from lockstep_sglang.rank_state import RankStateWriter, archive_previous, mark_incarnation
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lockstep.cli import build_parser
+from lockstep.cli.main import build_parser
 from lockstep_dev.drills import NODE_SCENARIOS, SCENARIOS
 from lockstep_dev.localcluster.engines import ContainerContext, engine
 from lockstep_dev.localcluster.kubelet import local_argv
@@ -124,7 +124,7 @@ def test_every_drill_deployment_passes_the_models_and_the_policy(
     scenario: str, tmp_path: Path
 ) -> None:
     # The drills (e2e tier) run these specs through the webhook and the operator.
-    from lockstep.webhook import review
+    from lockstep.core.webhook import review
     from lockstep_dev.drills import REAL_SGLANG_SCENARIOS, Drill, drill_spec
 
     engines = ["standin", *(["sglang"] if scenario in REAL_SGLANG_SCENARIOS else [])]

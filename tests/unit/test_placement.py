@@ -10,12 +10,12 @@ import jsonschema
 import pytest
 from factories import pdd_obj, with_path
 
-from lockstep import constants as c
-from lockstep.builders import build_all, build_group_pods
-from lockstep.crd import build_crd
-from lockstep.models import InvalidPDDeployment, PDDeployment, parse_pddeployment
-from lockstep.policy import evaluate
-from lockstep.reconcile import stale_groups
+from lockstep.api import constants as c
+from lockstep.api.models import InvalidPDDeployment, PDDeployment, parse_pddeployment
+from lockstep.core.builders import build_all, build_group_pods
+from lockstep.core.crd import build_crd
+from lockstep.core.policy import evaluate
+from lockstep.core.reconcile import stale_groups
 
 RACK = "topology.kubernetes.io/rack"
 ZONE = "topology.kubernetes.io/zone"

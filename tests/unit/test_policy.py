@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from factories import pdd_obj, with_path
 
-from lockstep.models import parse_pddeployment
-from lockstep.policy import RULES, Finding, PolicyResult, evaluate
-from lockstep.policy.flags import load_flag_table
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.policy import RULES, Finding, PolicyResult, evaluate
+from lockstep.core.policy.flags import load_flag_table
 
 
 def run(obj: dict[str, Any], mode: str | None = None) -> PolicyResult:

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from factories import REPO, pdd_obj
 
-from lockstep.builders import build_group_pods
-from lockstep.models import parse_pddeployment
-from lockstep.policy import evaluate
-from lockstep.webhook import review
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.builders import build_group_pods
+from lockstep.core.policy import evaluate
+from lockstep.core.webhook import review
 
 pytestmark = pytest.mark.unit
 
@@ -121,7 +121,7 @@ def test_a_config_file_is_refused_in_every_mode(mode: str, form: list[str]) -> N
 
 
 def test_the_watchdog_field_may_not_exceed_its_own_bound_field() -> None:
-    from lockstep.models import InvalidPDDeployment
+    from lockstep.api.models import InvalidPDDeployment
 
     with pytest.raises(InvalidPDDeployment) as err:
         spec("Enforce", watchdogTimeoutSeconds=1200, maxWatchdogTimeoutSeconds=600)
@@ -141,7 +141,7 @@ def test_the_watchdog_field_may_not_exceed_its_own_bound_field() -> None:
     ],
 )
 def test_each_safety_field_is_bounded_by_the_schema(field: str, value: int) -> None:
-    from lockstep.models import InvalidPDDeployment
+    from lockstep.api.models import InvalidPDDeployment
 
     with pytest.raises(InvalidPDDeployment) as err:
         spec("Enforce", **{field: value})
@@ -252,8 +252,8 @@ def test_every_setting_of_the_runtime_is_the_operators() -> None:
     # described as a guard setting (the message says what it switches), and refused.
     import re
 
-    from lockstep import constants as c
-    from lockstep.policy.engine import OWNED_ENV, RUNTIME_GUARD_ENV
+    from lockstep.api import constants as c
+    from lockstep.core.policy.engine import OWNED_ENV, RUNTIME_GUARD_ENV
 
     runtime = REPO / "images" / "sglang" / "lockstep_sglang"
     read = {
@@ -369,7 +369,7 @@ def test_a_watchdog_the_policy_cannot_see_is_refused_before_any_step_bound(
 
 def test_the_operator_judges_steps_by_each_roles_watchdog() -> None:
     from lockstep.control import step_bounds
-    from lockstep.policy import watchdog_seconds
+    from lockstep.core.policy import watchdog_seconds
 
     obj = step_spec("Enforce", ["--watchdog-timeout=1200"], {"minSeconds": 30})
     pdd = parse_pddeployment(obj)

@@ -8,8 +8,8 @@ import random
 
 import httpx
 
-from lockstep.agent_client import RanksAnswer
-from lockstep.prober import ProbeBook, Prober, ProbeSample, ProbeTarget
+from lockstep.clients.agent_client import RanksAnswer
+from lockstep.clients.prober import ProbeBook, Prober, ProbeSample, ProbeTarget
 
 KEY = ("ns", "m", "decode", 0)
 

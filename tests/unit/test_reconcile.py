@@ -6,11 +6,11 @@ from typing import Any
 
 from factories import load_example, pdd_obj
 
-from lockstep import constants as c
-from lockstep.builders import build_all
-from lockstep.models import PDDeployment, parse_pddeployment
-from lockstep.policy import evaluate
-from lockstep.reconcile import plan_reconcile, stale_groups
+from lockstep.api import constants as c
+from lockstep.api.models import PDDeployment, parse_pddeployment
+from lockstep.core.builders import build_all
+from lockstep.core.policy import evaluate
+from lockstep.core.reconcile import plan_reconcile, stale_groups
 
 
 def deepseek() -> PDDeployment:
@@ -124,8 +124,8 @@ def test_a_missing_pod_or_a_later_epoch_is_not_staleness() -> None:
 
 
 def test_router_objects_follow_the_spec_drift_and_enabled() -> None:
-    from lockstep.builders import build_router, router_name
-    from lockstep.reconcile import plan_router
+    from lockstep.core.builders import build_router, router_name
+    from lockstep.core.reconcile import plan_router
 
     pdd = parse_pddeployment(load_example("pd-small"))
     name = router_name(pdd)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from factories import pdd_obj, with_path
 
-from lockstep.models import (
+from lockstep.api.models import (
     BackoffSpec,
     BudgetSpec,
     HealthSpec,
@@ -24,8 +24,8 @@ from lockstep.models import (
     RecoverySpec,
     parse_pddeployment,
 )
-from lockstep.objects import rfc3339
-from lockstep.recovery import (
+from lockstep.api.objects import rfc3339
+from lockstep.core.recovery import (
     DELETE_GRACE_SECONDS,
     FORCE_DELETE_AFTER_SECONDS,
     RESTARTING_STEPS,
@@ -58,7 +58,7 @@ from lockstep.recovery import (
     reconciler_may_create_pods,
     status_state,
 )
-from lockstep.verdicts import (
+from lockstep.core.verdicts import (
     AgentReport,
     Collective,
     Decision,
@@ -1493,7 +1493,7 @@ def test_a_suspect_that_resolves_on_its_own_warns_once_per_interval() -> None:
 def test_the_incident_names_the_outlier_rank_with_its_pod_and_node() -> None:
     """The verdict's outliers go into the incident (record and status) with the node
     their pod runs on, and into the verdict's Event."""
-    from lockstep.verdicts import Outlier
+    from lockstep.core.verdicts import Outlier
 
     sim = Sim()
     v = replace(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lockstep import recovery
-from lockstep.recovery import STEP_TABLE, Step
+from lockstep.core import recovery
+from lockstep.core.recovery import STEP_TABLE, Step
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +39,7 @@ def test_modules_and_classes_stay_small_and_nothing_is_dispatched_by_name(path: 
 
 def test_a_record_written_by_the_operator_before_sub_records_still_loads() -> None:
     # Flat fields, as the annotation of an operator before this layout holds them.
-    from lockstep.recovery import GroupRecord
+    from lockstep.core.recovery import GroupRecord
 
     ref = {"name": "m-decode-0-0", "uid": "u0"}
     old = GroupRecord.from_json(
@@ -80,7 +80,7 @@ def test_a_record_written_by_the_operator_before_sub_records_still_loads() -> No
 
 # -------------------------------------------------------------------- one judge
 
-PRODUCT = PACKAGE.parent
+PRODUCT = PACKAGE.parent.parent  # operator/lockstep
 
 
 def _calls(name: str) -> list[str]:
@@ -97,15 +97,15 @@ def _calls(name: str) -> list[str]:
 
 
 def test_one_judge_classify_group_is_called_once_and_only_verdicts_makes_verdicts() -> None:
-    assert [c.split(":")[0] for c in _calls("classify_group")] == ["control.py"]
-    assert {c.split(":")[0] for c in _calls("GroupVerdict")} == {"verdicts.py"}
+    assert [c.split(":")[0] for c in _calls("classify_group")] == ["control/__init__.py"]
+    assert {c.split(":")[0] for c in _calls("GroupVerdict")} == {"core/verdicts.py"}
 
 
 def test_an_incident_keeps_its_verdict_as_a_verdict_and_other_kinds_apart() -> None:
     """Manual and maintenance restarts are incidents of their own kind, not verdicts; the
     record is stored as an older operator wrote it (the label in `verdict`) and loads."""
-    from lockstep.recovery import IncidentKind, IncidentRecord
-    from lockstep.verdicts import Verdict
+    from lockstep.core.recovery import IncidentKind, IncidentRecord
+    from lockstep.core.verdicts import Verdict
 
     base = {"id": "decode-0-1", "epoch": 0, "reason": "r", "first_failure_at": 1.0}
     failure = IncidentRecord.model_validate({**base, "detected_at": 2.0, "verdict": "Hung"})

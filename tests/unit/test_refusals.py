@@ -11,11 +11,11 @@ import pytest
 from factories import pdd_obj
 from harness import report_refused_status
 
-from lockstep.models import parse_pddeployment
-from lockstep.policy import evaluate
-from lockstep.recovery import Step, new_group_record
-from lockstep.status import derive_status
-from lockstep.verdicts import pod_view_from_k8s
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.policy import evaluate
+from lockstep.core.recovery import Step, new_group_record
+from lockstep.core.status import derive_status
+from lockstep.core.verdicts import pod_view_from_k8s
 from lockstep_sglang import termination
 
 WHY = "RuntimeRefused: this image runs SGLang 0.5.23, the deployment declares 0.5.22"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lockstep import builders
-from lockstep import constants as c
+from lockstep.api import constants as c
+from lockstep.core import builders
 from lockstep_sglang import config
 from lockstep_sglang.config import (
     dist_port,

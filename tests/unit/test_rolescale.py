@@ -13,12 +13,12 @@ import pytest
 import yaml
 from factories import REPO
 
-from lockstep import constants as c
-from lockstep import rolescale as rs
-from lockstep.builders import role_selector
-from lockstep.cli import main
-from lockstep.crd import build_crd, build_role_scale_crd, crd_yaml, role_scale_crd_yaml
-from lockstep.models import RoleSpec, parse_pddeployment
+from lockstep.api import constants as c
+from lockstep.api.models import RoleSpec, parse_pddeployment
+from lockstep.cli.main import main
+from lockstep.core import rolescale as rs
+from lockstep.core.builders import role_selector
+from lockstep.core.crd import build_crd, build_role_scale_crd, crd_yaml, role_scale_crd_yaml
 
 CRD_PATH = REPO / "crds/pdrolescales.lockstep.dev.yaml"
 CHART_CRD_PATH = REPO / "charts/lockstep/crds/pdrolescales.lockstep.dev.yaml"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lockstep import constants as c
-from lockstep.router_workers import (
+from lockstep.api import constants as c
+from lockstep.clients.router_workers import (
     RouterWorker,
     admitted_urls,
     admitted_workers,

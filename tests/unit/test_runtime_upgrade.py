@@ -8,10 +8,10 @@ from typing import Any
 
 from factories import pdd_obj
 
-from lockstep.builders import build_group_pods, group_runtime, runtime_of
-from lockstep.models import PDDeployment, parse_pddeployment, with_runtime_image
-from lockstep.policy import evaluate
-from lockstep.reconcile import kept_runtimes, plan_reconcile, stale_groups
+from lockstep.api.models import PDDeployment, parse_pddeployment, with_runtime_image
+from lockstep.core.builders import build_group_pods, group_runtime, runtime_of
+from lockstep.core.policy import evaluate
+from lockstep.core.reconcile import kept_runtimes, plan_reconcile, stale_groups
 
 OLD = "ghcr.io/lockstep-dev/operator:0.1.0"
 NEW = "ghcr.io/lockstep-dev/operator:0.2.0"
@@ -87,7 +87,7 @@ def test_a_rollout_takes_one_group_of_the_deployment_out_at_a_time() -> None:
     first (they serve nothing), then decode, then prefill; nothing while a group of
     either role is not Healthy."""
     from lockstep.control import _rolling_group
-    from lockstep.recovery import GroupRecord, Step
+    from lockstep.core.recovery import GroupRecord, Step
 
     stale = [("prefill", 0), ("decode", 0), ("decode", 1)]
     records = [

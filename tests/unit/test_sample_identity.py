@@ -13,12 +13,12 @@ import itertools
 
 import httpx
 
+from lockstep.clients.metrics import Metrics
+from lockstep.clients.prober import ProbeBook, ProbeSample, ProbeTarget
 from lockstep.control import Runtime, observe_group
-from lockstep.metrics import Metrics
-from lockstep.prober import ProbeBook, ProbeSample, ProbeTarget
-from lockstep.records import ANNOTATION_RECORDS, dump_records, load_records
-from lockstep.recovery import GroupInput, RoleSettings, Step, new_group_record, plan_group
-from lockstep.verdicts import PodView
+from lockstep.core.records import ANNOTATION_RECORDS, dump_records, load_records
+from lockstep.core.recovery import GroupInput, RoleSettings, Step, new_group_record, plan_group
+from lockstep.core.verdicts import PodView
 
 KEY = ("ns", "m", "decode", 0)
 POD = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 from test_recovery import T0, Sim
 
-from lockstep.recovery import (
+from lockstep.core.recovery import (
     DeletePods,
     EndRequests,
     GroupInput,

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from factories import pdd_obj
 
-from lockstep.builders import build_group_pods
-from lockstep.models import parse_pddeployment
-from lockstep.policy import evaluate, image_sglang_version
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.builders import build_group_pods
+from lockstep.core.policy import evaluate, image_sglang_version
 from lockstep_sglang import pins
 
 pytestmark = pytest.mark.unit

@@ -9,9 +9,9 @@ from dataclasses import replace
 from factories import pdd_obj
 from test_recovery import T0, Sim, settings
 
-from lockstep.models import parse_pddeployment
-from lockstep.policy import evaluate
-from lockstep.recovery import (
+from lockstep.api.models import parse_pddeployment
+from lockstep.core.policy import evaluate
+from lockstep.core.recovery import (
     DeletePods,
     EmitEvent,
     GroupInput,
@@ -23,8 +23,8 @@ from lockstep.recovery import (
     new_group_record,
     plan_role,
 )
-from lockstep.status import derive_status
-from lockstep.verdicts import PodView
+from lockstep.core.status import derive_status
+from lockstep.core.verdicts import PodView
 
 MOVE_INCIDENT = IncidentRecord(
     id="decode-0-1",

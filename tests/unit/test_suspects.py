@@ -1,13 +1,13 @@
-"""Suspect nodes (`lockstep.suspects`): a node behind the outlier of N incidents in a
+"""Suspect nodes (`lockstep.core.suspects`): a node behind the outlier of N incidents in a
 window is named; the opt-in cordon is bounded, skips what a person decided, and is off by
 default."""
 
 from __future__ import annotations
 
-from lockstep.maintenance import NodeState
-from lockstep.models import Incident, IncidentOutlier, SuspectNodesSpec
-from lockstep.objects import rfc3339
-from lockstep.suspects import cordon_decisions, suspect_nodes
+from lockstep.api.models import Incident, IncidentOutlier, SuspectNodesSpec
+from lockstep.api.objects import rfc3339
+from lockstep.core.maintenance import NodeState
+from lockstep.core.suspects import cordon_decisions, suspect_nodes
 
 NOW = 1_800_000_000.0
 OWNER = "ns/qwen"

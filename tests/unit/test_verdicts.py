@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from lockstep import constants as c
-from lockstep.verdicts import (
+from lockstep.api import constants as c
+from lockstep.core.verdicts import (
     MAX_EVIDENCE_ITEMS,
     MAX_EVIDENCE_TEXT,
     AgentReport,

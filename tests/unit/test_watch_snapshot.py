@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockstep.handlers import snapshot
+from lockstep.handlers.operator import snapshot
 
 pytestmark = pytest.mark.unit
 

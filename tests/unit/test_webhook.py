@@ -5,7 +5,7 @@ from __future__ import annotations
 from cryptography import x509
 from factories import load_example
 
-from lockstep.webhook import review, self_signed_certificate, service_dns_names
+from lockstep.core.webhook import review, self_signed_certificate, service_dns_names
 
 
 def test_good_examples_are_admitted_without_changes_when_nothing_is_adjusted() -> None:

@@ -59,8 +59,8 @@ DEFAULT_EXIT_HOLD_S = 30.0
 EPOCH_ENV = "LOCKSTEP_GROUP_EPOCH"
 SGLANG_VERSION_ENV = "LOCKSTEP_SGLANG_VERSION"  # the deployment's spec.sglangVersion
 EPOCH_FILE = "epoch"
-# Must equal the operator's DIST_PORT_BASE / DIST_PORT_SPAN (lockstep.constants); a unit
-# test checks dist_port against lockstep.builders.dist_port (this package cannot import it).
+# Must equal the operator's DIST_PORT_BASE / DIST_PORT_SPAN (lockstep.api.constants); a unit
+# test checks dist_port against lockstep.core.builders.dist_port (this package cannot import it).
 DIST_PORT_BASE = 20000
 DIST_PORT_SPAN = 1000
 DIST_INIT_FLAGS = ("--dist-init-addr", "--nccl-init-addr")  # SGLang's flag and its alias

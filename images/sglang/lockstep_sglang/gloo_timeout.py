@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 TIMEOUT_ENV = "LOCKSTEP_GLOO_TIMEOUT_S"
-# The name the operator's pod builder renders (operator/lockstep/constants.py); accepted
+# The name the operator's pod builder renders (operator/lockstep/api/constants.py); accepted
 # until the two sides settle on one.
 TIMEOUT_ENV_ALIAS = "LOCKSTEP_GLOO_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_S = 600.0

@@ -6,7 +6,7 @@ container status, and with ``terminationMessagePolicy: FallbackToLogsOnError`` (
 operator renders) the log's tail when a failed container wrote none. The launcher and the
 engine write one line there before they refuse to start, ``RuntimeRefused: <why>``; the
 operator lifts it into the group's status, the ``Degraded`` condition and a
-``RuntimeRefused`` Event (`lockstep.verdicts.refusal`). ``LOCKSTEP_TERMINATION_LOG``
+``RuntimeRefused`` Event (`lockstep.core.verdicts.refusal`). ``LOCKSTEP_TERMINATION_LOG``
 points elsewhere (the local cluster's process kubelet maps the container path to a file
 of the pod's directory). Writing never raises: a refusal must still be printed and exit.
 """

@@ -149,7 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from lockstep import constants as c
+    from lockstep.api import constants as c
 
     info = _state(args.dir)
     api, k8s = _api(info)

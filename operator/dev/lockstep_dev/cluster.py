@@ -37,7 +37,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.localcluster import sglang_cpu
 from lockstep_dev.localcluster.controlplane import LocalControlPlane, find_helm, repo_root
 from lockstep_dev.localcluster.engines import EngineName, engine

@@ -17,8 +17,8 @@ from typing import Any, Literal
 import httpx
 from kubernetes import client as k8s
 
-from lockstep import constants as c
-from lockstep.agent_client import AgentClient, report_from_ranks
+from lockstep.api import constants as c
+from lockstep.clients.agent_client import AgentClient, report_from_ranks
 
 FaultKind = Literal["desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none"]
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 
 Targets = Callable[[], dict[str, str]]  # group key ("decode/0") or "router" -> base URL
 ROUTER = "router"

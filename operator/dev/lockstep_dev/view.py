@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.drills import Drill, DrillResult
 from lockstep_dev.traffic import ROUTER
 

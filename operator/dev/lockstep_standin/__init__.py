@@ -7,7 +7,7 @@ like SGLang's with the real runtime pieces (:class:`lockstep_sglang.standalone.S
 decision consensus, collective probe, rank state, collective tracing; the pod agent;
 bounded gloo timeouts), serving deterministic tokens. No model, no GPU.
 
-Argv (what ``operator/lockstep/policy/engine.py`` and ``builders.py`` render)::
+Argv (what ``operator/lockstep/core/policy/engine.py`` and ``builders.py`` render)::
 
     --model-path P --disaggregation-mode prefill|decode|null --tp-size N --nnodes K
     --node-rank r --dist-init-addr HOST:PORT --host H --port 30000

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.drills.deployment import AFFECTED, NAME, NAMESPACE
 from lockstep_dev.drills.figures import ts
 from lockstep_dev.faults import agent_token, group_pods

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.drills.deployment import AFFECTED, NAME, NAMESPACE
 from lockstep_dev.traffic import ROUTER, Arrival, Traffic, request_log_arrivals
 

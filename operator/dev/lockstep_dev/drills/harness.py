@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.cluster import DevCluster, wait_for
 from lockstep_dev.drills import figures
 from lockstep_dev.drills.deployment import (

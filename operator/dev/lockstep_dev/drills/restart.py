@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from lockstep import constants as c
-from lockstep.router_workers import serving_workers
+from lockstep.api import constants as c
+from lockstep.clients.router_workers import serving_workers
 from lockstep_dev.drills.deployment import AFFECTED, NAME, NAMESPACE, RecoveryMode
 from lockstep_dev.drills.failover import CaughtStreams, failover_checks, streams_on
 from lockstep_dev.faults import FaultKind, highest_rank

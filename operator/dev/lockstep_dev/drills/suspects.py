@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from lockstep.kubectl_plugin import event_time
-from lockstep.maintenance import CORDONED_BY_ANNOTATION
+from lockstep.cli.kubectl import event_time
+from lockstep.core.maintenance import CORDONED_BY_ANNOTATION
 from lockstep_dev.drills.deployment import NAME, NAMESPACE
 from lockstep_dev.drills.figures import ts
 

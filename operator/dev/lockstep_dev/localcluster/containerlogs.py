@@ -83,7 +83,7 @@ class ContainerLogServer:
 
     def start(self) -> int:
         """Listen on a free port and serve in a thread; returns the port."""
-        from lockstep.webhook import self_signed_certificate
+        from lockstep.core.webhook import self_signed_certificate
 
         pair = self_signed_certificate(["localhost"], [self._host])
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

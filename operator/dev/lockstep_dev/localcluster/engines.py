@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.localcluster import sglang_cpu
 
 EngineName = Literal["standin", "sglang"]
@@ -52,7 +52,7 @@ ENGINES: tuple[EngineName, ...] = ("standin", "sglang")
 ENTRYPOINT = "lockstep-sglang"
 ROUTER_MODULE = "sglang_router.launch_router"
 LAUNCHER = (sys.executable, "-m", "lockstep_sglang.launcher")
-# A stock image's entrypoint as the operator renders it (lockstep.constants): the
+# A stock image's entrypoint as the operator renders it (lockstep.api.constants): the
 # image's Python on the launcher its init container copied into the runtime volume.
 RUNTIME_MOUNT = c.RUNTIME_MOUNT
 INJECTED_ENTRYPOINT = ("python3", c.RUNTIME_LAUNCH)

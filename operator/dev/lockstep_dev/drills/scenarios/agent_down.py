@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from lockstep import constants as c
-from lockstep.agent_client import agent_url
+from lockstep.api import constants as c
+from lockstep.clients.agent_client import agent_url
 from lockstep_dev.drills.deployment import AFFECTED, NAMESPACE
 from lockstep_dev.drills.restart import Checks, expect_restart, restart_counts
 from lockstep_dev.drills.scenario import Scenario

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.drills.deployment import AFFECTED, NAMESPACE
 from lockstep_dev.drills.restart import Checks
 from lockstep_dev.drills.scenario import Scenario, step_bounds_overrides

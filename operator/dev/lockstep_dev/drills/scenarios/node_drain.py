@@ -8,7 +8,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.drills.deployment import (
     AFFECTED,
     MORE_NODES,

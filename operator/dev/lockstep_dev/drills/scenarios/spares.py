@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.drills.deployment import NAME, NAMESPACE, required_node_terms
 from lockstep_dev.drills.figures import group_seconds_short, ts
 from lockstep_dev.drills.restart import Checks

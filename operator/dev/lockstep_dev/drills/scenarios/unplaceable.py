@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockstep import constants as c
-from lockstep.records import ANNOTATION_RESTART
+from lockstep.api import constants as c
+from lockstep.core.records import ANNOTATION_RESTART
 from lockstep_dev.drills.deployment import (
     AFFECTED,
     MORE_NODES,

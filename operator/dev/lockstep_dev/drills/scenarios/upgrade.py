@@ -11,7 +11,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockstep import constants as c
+from lockstep.api import constants as c
 from lockstep_dev.cluster import ChartOperator
 from lockstep_dev.drills.deployment import MORE_NODES, NAME, NAMESPACE
 from lockstep_dev.drills.restart import Checks

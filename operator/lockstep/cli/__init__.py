@@ -1,0 +1,1 @@
+"""The command lines: `lockstep` (`main`) and `kubectl lockstep` (`kubectl`)."""

@@ -1,0 +1,5 @@
+"""`python -m lockstep.cli`: the `lockstep` command."""
+
+from lockstep.cli.main import main
+
+raise SystemExit(main())
