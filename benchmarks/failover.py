@@ -26,7 +26,7 @@ Usage: python benchmarks/failover.py --engine standin|sglang [--incidents desync
 (about 2 minutes on the stand-in, 10 on the real engine, on 2 cores). The same script
 measured lockstep before its failover existed: run from a checkout of that commit with
 this file and its drills and traffic modules (then operator/lockstep/dev/) copied in
-(see the README).
+(see docs/failover.md).
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def test_kubectl_lockstep_against_the_api_server(
     code, out, _ = plugin("evidence", "qwen", "decode-0-1", "-n", ns, "--logs")
     assert "  INFO decode batch 1199" in out
 
-    # restart: the annotation the README documents, which the operator reads as a request.
+    # restart: the annotation docs/evidence.md documents, which the operator reads as a request.
     code, out, err = plugin("restart", "qwen", "decode/0", "--reason", "INC-42 wedged", "-n", ns)
     assert (code, err) == (0, "")
     after = ok(http.get(f"{PDDS.format(ns=ns)}/qwen"))

@@ -16,7 +16,7 @@ what they held before (SGLang's /v1/loads). The deployment asks for suspect node
 incidents' outliers, so it is named (NodesSuspect, a NodeSuspect Event saying the cordon
 is off) and no node is cordoned. A second cluster runs a warm spare beside
 one serving decode group: a desync there is answered by the spare in seconds. A killed
-rank on the real engine is measured by benchmarks/failover.py (README); the stand-in
+rank on the real engine is measured by benchmarks/failover.py (docs/failover.md); the stand-in
 drills (test_drills.py, test_router_drills.py) cover the other scenarios; where the two
 engines differ, the stand-in is wrong.
 """

@@ -90,7 +90,7 @@ PINNED_SOURCES: dict[str, str] = SUPPORTED[SGLANG_VERSION].sources
 SEED_FIXES: tuple[SeedFix, ...] = SUPPORTED[SGLANG_VERSION].seed_fixes
 HOW_TO_ADD = (
     "to support another release, run .ci/sglang-release <version> and review what it "
-    "reports (README: Supporting a new SGLang release)"
+    "reports (docs/validation.md: Supporting a new SGLang release)"
 )
 
 
