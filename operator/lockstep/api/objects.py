@@ -33,3 +33,15 @@ def rfc3339(ts: float, precision: Precision = "seconds") -> str:
     the figures)."""
     text = datetime.fromtimestamp(ts, UTC).isoformat(timespec=precision)
     return text.replace("+00:00", "Z")
+
+
+def parse_time(text: Any) -> float | None:
+    """An RFC 3339 time (status, Events, Leases, audit records) as a UNIX time, a time
+    without a zone read as UTC; None when absent or unreadable."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()

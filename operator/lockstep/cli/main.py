@@ -147,7 +147,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from lockstep.handlers.settings import MEMO_KEY, ElectionSettings, OperatorConfig, WebhookConfig
+    from lockstep.clients.leader import ElectionConfig
+    from lockstep.handlers.settings import MEMO_KEY, OperatorConfig, WebhookConfig
 
     webhook = None
     if args.webhook_port:
@@ -173,7 +174,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
             args.leader_election_identity or os.environ.get("POD_NAME") or socket.gethostname()
         )
         try:
-            election = ElectionSettings(
+            # Its own checks refuse timings out of order and an empty identity.
+            election = ElectionConfig(
                 namespace=args.leader_election_namespace,
                 name=args.leader_election_id,
                 identity=identity,
@@ -181,9 +183,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
                 renew_deadline_s=args.leader_election_renew_deadline,
                 retry_period_s=args.leader_election_retry_period,
             )
-            from lockstep.handlers.ha import election_config
-
-            election_config(election)  # the timings' bounds
         except ValueError as err:
             print(f"lockstep operator: --leader-elect: {err}", file=sys.stderr)
             return EXIT_UNREADABLE

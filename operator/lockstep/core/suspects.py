@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from lockstep.api.models import Incident, SuspectNodesSpec
+from lockstep.api.objects import parse_time
 from lockstep.core.maintenance import NodeState
 
 # Beside `CORDONED_BY_ANNOTATION`: why lockstep cordoned the node.
@@ -39,12 +39,7 @@ class SuspectNode:
 
 
 def _at(incident: Incident) -> float | None:
-    if not incident.detected_time:
-        return None
-    try:
-        return datetime.fromisoformat(incident.detected_time.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    return parse_time(incident.detected_time)
 
 
 def suspect_nodes(

@@ -36,7 +36,6 @@ import kopf
 
 from lockstep.clients.leader import ElectionConfig, LeaderElector, LeaseIO, NotLeader
 from lockstep.clients.metrics import Metrics
-from lockstep.handlers.settings import ElectionSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +43,6 @@ log = logging.getLogger(__name__)
 ELECTOR_KEY = "elector"
 METRICS_KEY = "metrics"
 EXIT_LOST = 1
-
-
-def election_config(settings: ElectionSettings) -> ElectionConfig:
-    return ElectionConfig(
-        namespace=settings.namespace,
-        name=settings.name,
-        identity=settings.identity,
-        lease_duration_s=settings.lease_duration_s,
-        renew_deadline_s=settings.renew_deadline_s,
-        retry_period_s=settings.retry_period_s,
-    )
 
 
 def user_agent(identity: str) -> str:
@@ -92,7 +80,7 @@ def _lost(why: str) -> None:
 
 
 def run(
-    settings: ElectionSettings,
+    cfg: ElectionConfig,
     memo: dict[str, Any],
     api: Any,
     metrics: Metrics,
@@ -101,7 +89,6 @@ def run(
     webhook: bool,
 ) -> int:
     """Stand by, then lead, in this process (see the module docstring)."""
-    cfg = election_config(settings)
     api.user_agent = user_agent(cfg.identity)
     io = LeaseIO(api, cfg)
     became = threading.Event()

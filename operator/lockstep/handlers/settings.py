@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lockstep.clients.leader import ElectionConfig
+
 # kopf's memo key the configuration travels under.
 MEMO_KEY = "config"
 
@@ -46,19 +48,7 @@ class OperatorConfig:
     # (None: lockstep.api.constants.DEFAULT_RUNTIME_IMAGE); the chart passes its own image.
     runtime_image: str | None = None
     # Several replicas: the leader election (None: one replica, which always acts).
-    election: ElectionSettings | None = None
-
-
-@dataclass(frozen=True)
-class ElectionSettings:
-    """`--leader-elect`: the Lease the replicas elect their leader with."""
-
-    namespace: str
-    name: str
-    identity: str
-    lease_duration_s: float = 15.0
-    renew_deadline_s: float = 10.0
-    retry_period_s: float = 2.0
+    election: ElectionConfig | None = None
 
 
 def operator_config(memo: Mapping[str, Any]) -> OperatorConfig:

@@ -20,20 +20,18 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from lockstep.api import constants as c
+from lockstep.api.objects import parse_time
 from lockstep_dev.drills.deployment import AFFECTED, NAME, NAMESPACE
 from lockstep_dev.traffic import ROUTER, Arrival, Traffic, request_log_arrivals
 
 
 def ts(rfc3339: str | None) -> float | None:
     """RFC 3339 (as the operator writes it) to a UNIX time."""
-    if not rfc3339:
-        return None
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+    return parse_time(rfc3339)
 
 
 @dataclass

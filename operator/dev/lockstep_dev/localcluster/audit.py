@@ -15,12 +15,12 @@ and in the namespace of a RoleBinding that binds it.
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from lockstep.api.objects import parse_time
 
 SERVICEACCOUNT_PREFIX = "system:serviceaccount:"
 
@@ -122,11 +122,7 @@ def parse_audit_line(line: str) -> AuditEvent | None:
 
 
 def _timestamp(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    with contextlib.suppress(ValueError):
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    return None
+    return parse_time(value)
 
 
 def parse_audit_log(lines: Iterable[str]) -> list[AuditEvent]:

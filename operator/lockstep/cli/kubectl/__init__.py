@@ -54,6 +54,7 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from lockstep.api import constants as c
 from lockstep.api import objects
+from lockstep.api.objects import parse_time
 from lockstep.clients.agent_client import AgentDataError, captured_ranks, captured_stacks
 from lockstep.core.builders import group_runtime
 from lockstep.core.evidence import EVIDENCE_MARK, SECTION, EvidenceEntry, configmap_name, from_data
@@ -78,17 +79,6 @@ class PluginError(Exception):
 
 
 # ------------------------------------------------------------------------- pure helpers
-
-
-def parse_time(text: Any) -> float | None:
-    """An RFC 3339 time (status, Events) as a UNIX time; None when absent or unreadable."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 def human_duration(seconds: float) -> str:

@@ -531,9 +531,7 @@ def _check_version(ctx: _Ctx) -> None:
     spec = ctx.spec
     supported = supported_versions()
     tagged = image_sglang_version(spec.image)
-    how_to_add = (
-        "to add one, run .ci/sglang-release <version> (docs/validation.md: Supporting a new SGLang release)"
-    )
+    how_to_add = "to add one, run .ci/sglang-release <version> (docs/validation.md: Supporting a new SGLang release)"
     if spec.sglang_version and tagged and spec.sglang_version != tagged:
         ctx.invalid(
             "sglang-version",

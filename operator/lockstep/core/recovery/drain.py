@@ -6,13 +6,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lockstep.core.recovery.actions import (
-    EndRequests,
-)
+from lockstep.core.recovery.actions import EndRequests, SetGate
 from lockstep.core.recovery.core import Round
 from lockstep.core.recovery.record import refs
-from lockstep.core.recovery.steps import DRAIN_RECHECK_SECONDS, DRAIN_SETTLE_SECONDS, Reason
+from lockstep.core.recovery.steps import (
+    DRAIN_RECHECK_SECONDS,
+    DRAIN_SETTLE_SECONDS,
+    RECHECK_SECONDS,
+    Reason,
+)
 from lockstep.core.verdicts import PodView
+
+
+def gate_off(r: Round, pods: Sequence[PodView]) -> bool:
+    """Take out of service (readiness gate false, out of every router) those of `pods`
+    still in it, and look again soon; False when none was."""
+    leave = [p for p in pods if not p.deleting and p.gate is not False]
+    if leave:
+        r.actions.append(SetGate(refs(leave), False))
+        r.again_in(RECHECK_SECONDS)
+    return bool(leave)
+
+
+def drain_out(r: Round, pods: Sequence[PodView]) -> bool:
+    """Leaving service on purpose: out of every router first (`gate_off`, until the drain
+    starts), then `drained`. True once the group is drained."""
+    if r.rec.drain.started_at is None and gate_off(r, pods):
+        return False
+    return drained(r, pods)
 
 
 def drained(r: Round, pods: Sequence[PodView]) -> bool:

@@ -29,15 +29,11 @@ from lockstep.core.verdicts import GroupVerdict, Signal, Verdict
 
 
 def on_draining(r: Round, v: GroupVerdict | None) -> None:
-    todo = [p for p in r.pods() if not p.deleting and p.gate is not False]
-    broken = not r.rec.maintenance
-    if todo:
-        r.actions.append(SetGate(refs(todo), False))
-        if broken:
+    if drain.gate_off(r, r.pods()):
+        if not r.rec.maintenance:
             # Out of the routers first (the action before), then nothing in flight
             # waits on the group: its requests and its peers' halves end, retryable.
             r.actions.append(EndRequests(refs(r.pods()), end_reason(r)))
-        r.again_in(RECHECK_SECONDS)
         return
     if r.rec.maintenance:
         # Leaving service on purpose: the requests it holds finish first (bounded).

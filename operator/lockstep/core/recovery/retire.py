@@ -5,10 +5,7 @@ or is created anew."""
 from __future__ import annotations
 
 from lockstep.core.recovery import drain, incidents
-from lockstep.core.recovery.actions import (
-    DeletePods,
-    SetGate,
-)
+from lockstep.core.recovery.actions import DeletePods
 from lockstep.core.recovery.core import Round
 from lockstep.core.recovery.record import Drain, refs
 from lockstep.core.recovery.steps import DELETE_GRACE_SECONDS, RECHECK_SECONDS, Reason, Step
@@ -39,12 +36,7 @@ def retire(r: Round, v: GroupVerdict | None = None) -> None:
             incidents.close_incident(r, "not restarted: the group was removed by a scale-down")
         r.goto(Step.RETIRING, drain=Drain())
     pods = r.pods()
-    leave = [p for p in pods if not p.deleting and p.gate is not False]
-    if r.rec.drain.started_at is None and leave:
-        r.actions.append(SetGate(refs(leave), False))
-        r.again_in(RECHECK_SECONDS)
-        return
-    if not drain.drained(r, pods):
+    if not drain.drain_out(r, pods):
         return
     alive = [p for p in pods if not p.deleting]
     if alive:

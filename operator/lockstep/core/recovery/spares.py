@@ -41,7 +41,6 @@ from lockstep.core.recovery.inputs import GroupInput, GroupPlan
 from lockstep.core.recovery.record import Drain, GroupRecord, refs
 from lockstep.core.recovery.steps import (
     BROKEN_STEPS,
-    RECHECK_SECONDS,
     Reason,
     Step,
 )
@@ -278,12 +277,7 @@ def after(
 def on_standing_down(r: Round, v: GroupVerdict | None) -> None:
     """Out of every router, in-flight requests finish (bounded), then stand by."""
     pods = [p for p in r.current_pods() if not p.deleting]
-    leave = [p for p in pods if p.gate is not False]
-    if r.rec.drain.started_at is None and leave:
-        r.actions.append(SetGate(refs(leave), False))
-        r.again_in(RECHECK_SECONDS)
-        return
-    if not drain.drained(r, pods):
+    if not drain.drain_out(r, pods):
         return
     r.event(Reason.STANDBY, f"standing by as a spare in epoch {r.rec.epoch}")
     r.settle()

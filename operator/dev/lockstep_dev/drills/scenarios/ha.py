@@ -22,13 +22,13 @@ from the woken replica (0), restart counts per phase.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import signal
 import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
+from lockstep.api.objects import parse_time
 from lockstep_dev.cluster import ChartOperator, restart_count
 from lockstep_dev.drills.scenario import Scenario
 from lockstep_dev.localcluster.audit import parse_audit_log
@@ -172,11 +172,8 @@ def run_ha(drill: Drill) -> None:
 
 def _renewed_after(operator: ChartOperator, t: float) -> bool:
     """The Lease was renewed (by a live replica) after `t`."""
-    renewed = operator.lease().get("renewTime")
-    if not renewed:
-        return False
-    at = dt.datetime.fromisoformat(str(renewed).replace("Z", "+00:00")).timestamp()
-    return at > t and operator.leader() is not None
+    at = parse_time(operator.lease().get("renewTime"))
+    return at is not None and at > t and operator.leader() is not None
 
 
 def _pid(operator: ChartOperator, name: str) -> int:
