@@ -282,7 +282,7 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
         "log:\nINFO decode batch 1198\nINFO decode batch 1199",
         "log: unavailable (ApiException)",
     ]
-    # As lockstep.execute joins what it captured from each pod.
+    # As the executor's capture manager joins what it captured from each pod.
     captured = "\n".join(
         f"[qwen-decode-0-{rank}] {part}"
         for rank in (0, 1)
@@ -292,7 +292,7 @@ def incident_scene(namespace: str = "ns", now: float = 1_780_000_000.0) -> Incid
             logs[rank],
         )
     )
-    # As lockstep.execute keeps the cause of what it captured.
+    # As the round's record step judges the cause of what was captured.
     cause = divergence_cause(
         r
         for rank, text in enumerate(answers)

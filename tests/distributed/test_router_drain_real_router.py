@@ -4,7 +4,7 @@ A real router (PD mode, the `sglang-router` wheel) in front of real stand-in pod
 prefill, two decode); `lockstep.clients.router_workers` admits them, drains one decode pod and
 admits it back. What a user would notice is checked from the pods' own request logs:
 while drained, the pod receives nothing and every request still succeeds. The operator's
-level-triggered sweep (`Execution.sweep_routers`) runs against the same real router: a
+level-triggered sweep (`RouterManager.sweep`) runs against the same real router: a
 dead pod's worker, which the router itself keeps, is removed."""
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def test_the_operators_sweep_removes_a_dead_pods_worker_the_router_keeps(
         routers=RouterBook(gates={"m-decode-0-0": True}),
     )
     gone = worker(decode[1], "decode").url
-    assert exe.sweep_routers().removed == [(router, gone)]
+    assert exe.routers.sweep().removed == [(router, gone)]
     assert [(k, r) for k, r, _ in events] == [("Normal", "RouterWorkerRemoved")]
     assert gone in events[0][2]
     wait_until(lambda: gone not in listed(), 10, "the dead worker gone from the router", step=0.2)
@@ -209,7 +209,7 @@ def test_the_operators_sweep_removes_a_dead_pods_worker_the_router_keeps(
     assert send(http, router, 10) == [200] * 10
     assert received_since(decode[0], start) == 10
     # Swept again: nothing left to remove, nothing said.
-    swept = exe.sweep_routers()
+    swept = exe.routers.sweep()
     assert swept.removed == [] and swept.added == [] and len(events) == 1
 
 
@@ -256,7 +256,7 @@ def test_the_sweep_registers_again_an_admitted_pod_whose_registration_failed(
         )
         # While the registration is still under way, the sweep leaves it alone.
         assert job_status(http, router, worker_id) in ("pending", "processing")
-        swept = exe.sweep_routers()
+        swept = exe.routers.sweep()
         assert swept.added == [] and swept.removed == [] and events == []
         wait_until(
             lambda: job_status(http, router, worker_id) == "failed",
@@ -272,7 +272,7 @@ def test_the_sweep_registers_again_an_admitted_pod_whose_registration_failed(
     assert send(http, router, 6) == [200] * 6
     assert received_since(decode[1], start) == 0  # admitted, yet it gets nothing
 
-    swept = exe.sweep_routers()
+    swept = exe.routers.sweep()
     assert [(b, u) for b, u, _ in swept.added] == [(router, lost.url)]
     assert swept.added[0][2].startswith("its registration failed")
     assert [(k, r) for k, r, _ in events] == [("Warning", "RouterWorkerAdded")]
@@ -282,7 +282,7 @@ def test_the_sweep_registers_again_an_admitted_pod_whose_registration_failed(
     assert send(http, router, 10) == [200] * 10
     assert received_since(decode[1], start) > 0
     # Listed now: a later sweep has nothing to add.
-    assert exe.sweep_routers().added == [] and len(events) == 1
+    assert exe.routers.sweep().added == [] and len(events) == 1
 
 
 @pytest.mark.timeout(30)

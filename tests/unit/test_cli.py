@@ -129,6 +129,34 @@ def test_render_emits_applyable_documents(capsys: pytest.CaptureFixture[str]) ->
     assert all("apiVersion" in d and "metadata" in d for d in docs)
 
 
+def test_render_renders_the_groups_the_operator_runs_spares_included_none_while_paused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`lockstep render` shows what the operator runs: the serving groups and the warm
+    spares beyond them (decode: 1 + 1 here), and no group of a paused deployment."""
+    spec = yaml.safe_load((EXAMPLES / "pd-small.yaml").read_text())
+    spec["spec"]["decode"]["spares"] = 1
+    path = tmp_path / "spares.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, out, _ = run(capsys, "render", "-f", str(path))
+    assert code == 0
+    pods = [d for d in yaml.safe_load_all(out) if d["kind"] == "Pod"]
+    groups = sorted(
+        {
+            (
+                p["metadata"]["labels"]["lockstep.dev/role"],
+                p["metadata"]["labels"]["lockstep.dev/group"],
+            )
+            for p in pods
+        }
+    )
+    assert groups == [("decode", "0"), ("decode", "1"), ("prefill", "0")]
+    spec["spec"]["paused"] = True
+    path.write_text(yaml.safe_dump(spec))
+    code, out, _ = run(capsys, "render", "-f", str(path))
+    assert code == 0 and not [d for d in yaml.safe_load_all(out) if d["kind"] == "Pod"]
+
+
 def test_render_refuses_a_rejected_spec(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "render", "-f", str(EXAMPLES / "unsafe/operator-owned-flag.yaml"))
     assert code == 1 and out == "" and "operator-owned-flag" in err

@@ -97,7 +97,7 @@ def _calls(name: str) -> list[str]:
 
 
 def test_one_judge_classify_group_is_called_once_and_only_verdicts_makes_verdicts() -> None:
-    assert [c.split(":")[0] for c in _calls("classify_group")] == ["control/__init__.py"]
+    assert [c.split(":")[0] for c in _calls("classify_group")] == ["control/judge.py"]
     assert {c.split(":")[0] for c in _calls("GroupVerdict")} == {"core/verdicts.py"}
 
 

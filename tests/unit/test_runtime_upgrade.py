@@ -83,11 +83,15 @@ def test_a_missing_pod_joins_its_group_on_the_groups_runtime() -> None:
 
 
 def test_a_rollout_takes_one_group_of_the_deployment_out_at_a_time() -> None:
-    """`control._rolling_group`: the one group to roll now, across both roles; spares
+    """`recovery.next_rollout`: the one group to roll now, across both roles; spares
     first (they serve nothing), then decode, then prefill; nothing while a group of
     either role is not Healthy."""
-    from lockstep.control import _rolling_group
-    from lockstep.core.recovery import GroupRecord, Step
+    from lockstep.core.recovery import GroupRecord, Step, next_rollout
+
+    def _rolling_group(role: str, stale: Any, records: Any) -> int | None:
+        # The group of `role` the judge rolls this round (None: none of this role).
+        chosen = next_rollout(stale, records)
+        return chosen[1] if chosen is not None and chosen[0] == role else None
 
     stale = [("prefill", 0), ("decode", 0), ("decode", 1)]
     records = [

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from lockstep.api import constants as c
+from lockstep.core.evidence import Capture
 from lockstep.core.failover import HeldRequest
 from lockstep.core.verdicts import AgentReport, Collective, Decision, RankState, clip_evidence
 
@@ -162,6 +163,12 @@ def report_from_text(pod: str, text: str, epoch: int) -> AgentReport:
     except ValueError:
         return AgentReport(pod, None, f"pod {pod}: {text[:200]}")
     return report_from_ranks(pod, body, epoch)
+
+
+def captured_reports(capture: Capture) -> tuple[AgentReport, ...]:
+    """The rank states an evidence capture read (`CaptureBook`), one report per pod that
+    had an address, parsed as a live answer is, against the incident's epoch."""
+    return tuple(report_from_text(pod, text, capture.epoch) for pod, text in capture.answers)
 
 
 @dataclass(frozen=True)

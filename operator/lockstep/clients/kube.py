@@ -107,6 +107,10 @@ class Kube:
             raise
         return _plain(self.api, found)
 
+    def read_pod_log(self, namespace: str, name: str, tail_lines: int) -> str:
+        """The last `tail_lines` lines of a pod's (only) container's log."""
+        return str(self.core.read_namespaced_pod_log(name, namespace, tail_lines=tail_lines))
+
     # ------------------------------------------------------------------ writes
 
     def apply_configmap(self, obj: Obj) -> None:

@@ -38,6 +38,7 @@ from lockstep.api.models import PDDeployment, RoleSpec
 from lockstep.api.objects import label
 from lockstep.core import evidence
 from lockstep.core.policy import PolicyResult, RolePolicy, evaluate
+from lockstep.core.shape import RoleShape, deployment_shape
 
 Obj = dict[str, Any]
 
@@ -709,20 +710,22 @@ def build_all(
     policy: PolicyResult | None = None,
     epochs: Mapping[tuple[str, int], int] | None = None,
     agent_token: str | None = None,
+    shape: Mapping[str, RoleShape] | None = None,
 ) -> list[Obj]:
     """Every object of a deployment: the agent-token Secret, groups (Service then pods)
-    per role, then the router.
+    per role, then the router: the groups the operator runs (`shape`, default the
+    spec's: the serving groups and the warm spares, none while paused).
 
     `epochs` maps (role, group) to the group's current epoch (0 when absent);
     `agent_token`: the restart token (None: a fresh random one, as the operator makes).
     """
     policy = policy or evaluate(pdd.spec)
     epochs = epochs or {}
+    shape = shape or deployment_shape(pdd.spec)
     token = agent_token if agent_token is not None else secrets.token_urlsafe(32)
     objects: list[Obj] = [build_agent_token_secret(pdd, token)]
     for role_name in c.ROLES:
-        role = pdd.spec.role(role_name)
-        for group in range(role.replicas):
+        for group in range(shape[role_name].runs):
             epoch = epochs.get((role_name, group), 0)
             objects.append(build_group_service(pdd, role_name, group, epoch))
             objects.extend(build_group_pods(pdd, role_name, group, epoch, policy.roles[role_name]))

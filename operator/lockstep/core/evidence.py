@@ -284,6 +284,70 @@ def from_data(data: Mapping[str, str] | None) -> dict[str, EvidenceEntry]:
     return out
 
 
+# ---------------------------------------------------------------- captures in flight
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What one incident's capture read (`CaptureEvidence`): each pod agent's
+    `GET /ranks` answer as it came, judged with the group's next observation (its rank
+    states are read against the incident's `epoch`), and the capture as the evidence
+    store keeps it (fitted to the bound; `full`: the slot ConfigMap that holds it whole;
+    `full_missed`: why it could not be kept whole)."""
+
+    incident_id: str
+    epoch: int
+    answers: tuple[tuple[str, str], ...]  # (pod, the agent's /ranks answer or why none)
+    captured: str
+    full: str | None = None
+    full_missed: str | None = None
+
+
+class CaptureBook:
+    """The captures of one deployment's open incidents: the one store of a capture from
+    the round that read it (the executor's capture manager puts it) until its group has
+    left CapturingEvidence (the round's record step settles the book). The record step
+    writes each new capture's text to the evidence store; the judge reads the answers.
+
+    A round that fails before its record step leaves nothing behind: `begin` drops what
+    it put (the planner asks for the capture again), as a round's own state would be.
+    """
+
+    def __init__(self) -> None:
+        self._captures: dict[str, Capture] = {}
+        self._fresh: set[str] = set()
+        # Incidents whose whole capture's slot a newer capture took this round.
+        self.evicted: set[str] = set()
+
+    def begin(self) -> None:
+        """A round starts: what an unfinished round put is forgotten."""
+        for incident_id in self._fresh:
+            self._captures.pop(incident_id, None)
+        self._fresh.clear()
+        self.evicted.clear()
+
+    def put(self, capture: Capture, evicted: Collection[str] = ()) -> None:
+        """This round's capture of an incident (and the incidents whose slot it took)."""
+        self._captures[capture.incident_id] = capture
+        self._fresh.add(capture.incident_id)
+        self.evicted.update(evicted)
+
+    def get(self, incident_id: str) -> Capture | None:
+        """The capture of an incident, if one was read and its group still waits on it."""
+        return self._captures.get(incident_id)
+
+    def fresh(self) -> dict[str, Capture]:
+        """The captures this round read, by incident id."""
+        return {i: self._captures[i] for i in sorted(self._fresh)}
+
+    def settle(self, waiting: Collection[str]) -> None:
+        """The round is recorded: keep the captures of the incidents still waiting in
+        CapturingEvidence (the next judgement reads them), drop the others."""
+        self._captures = {i: c for i, c in self._captures.items() if i in waiting}
+        self._fresh.clear()
+        self.evicted.clear()
+
+
 class ConfigMapIO(Protocol):
     """The two calls the store makes (`lockstep.clients.kube.Kube` has them)."""
 

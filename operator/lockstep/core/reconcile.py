@@ -26,6 +26,7 @@ from lockstep.core.builders import (
     runtime_of,
 )
 from lockstep.core.policy import PolicyResult
+from lockstep.core.shape import RoleShape, deployment_shape
 
 Obj = dict[str, Any]
 GroupId = tuple[str, int]  # role, group
@@ -72,7 +73,7 @@ def plan_reconcile(
     avoid_nodes: Mapping[GroupId, Sequence[str]] | None = None,
     slots: Mapping[GroupId, int] | None = None,
     retiring: Collection[GroupId] = (),
-    replicas: Mapping[str, int] | None = None,
+    shape: Mapping[str, RoleShape] | None = None,
     unguarded: Collection[GroupId] = (),
     runtimes: Mapping[GroupId, str] | None = None,
 ) -> ReconcilePlan:
@@ -83,8 +84,8 @@ def plan_reconcile(
     slot (a make-before-break move's old pods) neither block creating the current epoch
     nor make the group stale: recovery deletes them when the move is done.
     `retiring`: groups beyond replicas that recovery drains before it deletes them (their
-    pods, Service and disruption budgets stay until then). `replicas`: the groups each
-    role runs (its PDRoleScale may override the spec's count; default: the spec's).
+    pods, Service and disruption budgets stay until then). `shape`: each role's shape
+    (`lockstep.core.shape`: the groups it runs; default: the spec's).
     `unguarded`: groups with no disruption budget (quarantined: they serve nothing, so a
     node drain must not wait for them). Deleting the budget, not lowering it, is what lets
     the drain through: with minAvailable 0 the real API server still refused (429) to
@@ -97,10 +98,9 @@ def plan_reconcile(
     observed = pods_by_group(pods)
     svc_by_name = {s["metadata"]["name"]: s for s in services}
     desired_groups: set[GroupId] = set()
+    shape = shape or deployment_shape(pdd.spec)
     for role_name in c.ROLES:
-        role = pdd.spec.role(role_name)
-        count = (replicas or {}).get(role_name, role.replicas)
-        for group in range(count if not pdd.spec.paused else 0):
+        for group in range(shape[role_name].runs):
             gid = (role_name, group)
             desired_groups.add(gid)
             epoch = epochs.get(gid, 0)
@@ -164,7 +164,7 @@ def stale_groups(
     pods: Sequence[Obj],
     epochs: Mapping[GroupId, int],
     slots: Mapping[GroupId, int] | None = None,
-    replicas: Mapping[str, int] | None = None,
+    shape: Mapping[str, RoleShape] | None = None,
     runtimes: Mapping[GroupId, str] | None = None,
 ) -> list[GroupId]:
     """The groups whose pod template changed (a spec change to roll out, one group at a
@@ -174,9 +174,9 @@ def stale_groups(
     `runtimes`: the runtime image each group keeps (`kept_runtimes`), judged as its own."""
     observed = pods_by_group(pods)
     out: list[GroupId] = []
+    shape = shape or deployment_shape(pdd.spec)
     for role_name in c.ROLES:
-        count = (replicas or {}).get(role_name, pdd.spec.role(role_name).replicas)
-        for group in range(count if not pdd.spec.paused else 0):
+        for group in range(shape[role_name].runs):
             gid = (role_name, group)
             epoch, slot = epochs.get(gid, 0), (slots or {}).get(gid, 0)
             have = [p for p in observed.get(gid, []) if pod_slot(p) == slot]

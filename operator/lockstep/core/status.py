@@ -35,6 +35,7 @@ from lockstep.core.evidence import EvidenceEntry
 from lockstep.core.policy import PolicyResult
 from lockstep.core.recovery import GroupRecord, Step, status_state
 from lockstep.core.rolescale import role_scale_name
+from lockstep.core.shape import RoleShape, deployment_shape
 from lockstep.core.suspects import suspect_nodes
 from lockstep.core.verdicts import pod_view_from_k8s
 
@@ -118,14 +119,16 @@ def derive_status(
     pods: Mapping[GroupId, Sequence[Mapping[str, Any]]],
     probes: Mapping[GroupId, LastProbe],
     now: float,
-    replicas: Mapping[str, tuple[int, str]] | None = None,
+    shape: Mapping[str, RoleShape] | None = None,
     leader: tuple[str, str | None] | None = None,
 ) -> dict[str, Any]:
     """The whole status of an accepted PDDeployment (see the module docstring).
-    `replicas`: per role, the groups it should run and whose count that is (the
-    PDDeployment's or its PDRoleScale's); default: the spec's. `leader`: the acting
-    operator replica and since when (leader election), None with one replica."""
+    `shape`: each role's shape (`lockstep.core.shape`: its serving count and whose it is,
+    the PDDeployment's or its PDRoleScale's, and its spares); default: the spec's.
+    `leader`: the acting operator replica and since when (leader election), None with
+    one replica."""
     gen = pdd.metadata.generation
+    shape = shape or deployment_shape(pdd.spec)
     roles: dict[str, RoleStatus] = {}
     # Groups whose runtime refused to start (a container's termination message).
     refused: list[str] = []
@@ -173,13 +176,13 @@ def derive_status(
                     or rec.detection.last_reason,
                 )
             )
-        wanted, source = (replicas or {}).get(role, (pdd.spec.role(role).replicas, "PDDeployment"))
+        role_shape = shape[role]
         roles[role] = RoleStatus(
-            replicas=0 if pdd.spec.paused else wanted,
-            replicas_source=source,
+            replicas=role_shape.serving,
+            replicas_source=role_shape.source,
             scale_target=role_scale_name(pdd.metadata.name, role),
             ready_groups=sum(g.state == "Healthy" and not g.spare for g in groups),
-            spares=0 if pdd.spec.paused else pdd.spec.role(role).spares,
+            spares=role_shape.warm,
             ready_spares=sum(g.state == "Healthy" and g.spare for g in groups),
             groups=groups,
             effective_args=list(policy.roles[role].argv),

@@ -5,7 +5,8 @@ order: retire, manual, maintenance, placement; the role's guard rails across gro
 over the concerns (`detect`, `restart` with `in_place`, `move`, `retire`), over the
 shared services (`placement`, `drain`, `manual`, `budget`, `incidents`), over the
 per-round core (`core.Round`: the record being planned, the actions, the requeue) and
-the vocabulary (`steps`, `record`, `actions`, `inputs`). No module imports one above it.
+the vocabulary (`steps`, `record`, `actions`, `inputs`). `needs` tells the I/O layer
+what each record asks of a round (what to read, probe, keep), so it names no step. No module imports one above it.
 
 Pure: no I/O, no clock (every function takes `now`). The I/O layer owns one small
 `GroupRecord` per group, persisted in status and in an annotation so an operator restart
@@ -97,6 +98,7 @@ from lockstep.core.recovery.inputs import (
     RolePlan,
     RoleSettings,
 )
+from lockstep.core.recovery.needs import ROLLOUT_ORDER, GroupNeeds, needs, next_rollout
 from lockstep.core.recovery.record import (
     GroupRecord,
     IncidentRecord,
@@ -144,6 +146,7 @@ __all__ = [
     "POD_OWNING_STEPS",
     "RECHECK_SECONDS",
     "RESTARTING_STEPS",
+    "ROLLOUT_ORDER",
     "SILENT_AGENT_SECONDS",
     "STEP_TABLE",
     "SUSPECT_EVENT_INTERVAL_SECONDS",
@@ -156,6 +159,7 @@ __all__ = [
     "EmitEvent",
     "EndRequests",
     "GroupInput",
+    "GroupNeeds",
     "GroupPlan",
     "GroupRecord",
     "IncidentKind",
@@ -174,7 +178,9 @@ __all__ = [
     "UpdateIncident",
     "adopt_group",
     "backoff_until",
+    "needs",
     "new_group_record",
+    "next_rollout",
     "plan_group",
     "plan_role",
     "reconciler_may_create_pods",

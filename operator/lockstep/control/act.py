@@ -1,0 +1,157 @@
+"""Act: every change of the round goes through the executor (`lockstep.execute`).
+
+`act` carries out the plans in order: the scale targets, each group's actions (spares
+admitted first), the new epochs with the reconcile plan (`reconcile.plan_reconcile`,
+once, over the roles' shapes), the disruption budgets and the router's objects and
+registries. What the pods and the incident history show that a person should hear of is
+told in Events here too: a runtime that refused to start, a suspect node (cordoned, with
+`spec.recovery.suspectNodes.cordon`, by the executor's node manager)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lockstep.control.judge import Judged
+from lockstep.control.observe import Seen
+from lockstep.control.runtime import Memory
+from lockstep.core.reconcile import plan_reconcile
+from lockstep.core.records import Incidents, record_key
+from lockstep.core.recovery import (
+    Action,
+    GroupRecord,
+    Role,
+    RolePlan,
+    needs,
+    reconciler_may_create_pods,
+    retired,
+)
+from lockstep.core.suspects import cordon_decisions, suspect_nodes
+from lockstep.core.verdicts import pod_view_from_k8s
+from lockstep.execute import Execution, GroupId
+
+# How often, at most, a deployment's router registries are swept (one GET per replica).
+ROUTER_SWEEP_SECONDS = 5.0
+
+
+@dataclass
+class Done:
+    """What the round's execution leaves to record."""
+
+    records: dict[str, GroupRecord]
+    actions: list[Action]
+    requeue: float | None
+
+
+def act(
+    mem: Memory,
+    seen: Seen,
+    judged: Mapping[Role, Judged],
+    plans: Mapping[Role, RolePlan],
+    exe: Execution,
+) -> Done:
+    """Every change of the round, through the executor: the scale targets, each group's
+    actions in order, the new epochs, the reconcile plan, the disruption budgets, the
+    router's objects and registries."""
+    exe.scale.apply_targets(seen.resolutions)
+    tell_refusals(mem, seen, exe)
+    records: dict[str, GroupRecord] = {}
+    actions: list[Action] = []
+    requeue: float | None = None
+    retiring: set[GroupId] = set()
+    for role, plan in plans.items():
+        j = judged[role]
+        for g, gp in plan.order():
+            exe.execute(role, g, gp.actions)
+            actions.extend(gp.actions)
+            if g >= j.replicas:
+                if retired(gp.record, j.inputs[g].pods):
+                    continue  # left for good: forget it
+                retiring.add((role, g))
+            records[record_key(role, g)] = gp.record
+            if gp.requeue_after is not None:
+                requeue = gp.requeue_after if requeue is None else min(requeue, gp.requeue_after)
+            exe.pods.keep(
+                (role, g),
+                gp.record.epoch,
+                gp.record.slot,
+                create=g < j.replicas
+                and reconciler_may_create_pods(gp.record)
+                and not seen.by_group.get((role, g)),
+            )
+    if mem.router_swept_at is None or seen.now - mem.router_swept_at >= ROUTER_SWEEP_SECONDS:
+        # The routers' registries, level-triggered (`router_workers`: the router's own
+        # races can put back a worker lockstep removed).
+        exe.routers.sweep()
+        mem.router_swept_at = seen.now
+    pods = exe.pods
+    pods.new_epochs()
+    # Pods deleted this round are still in the cache: the reconcile plan creates nothing
+    # for a group while pods of another epoch exist, so the next round (woken by the
+    # deletes' watch events) creates the new epoch.
+    reconcile = plan_reconcile(
+        seen.pdd,
+        seen.policy,
+        seen.pods,
+        seen.services,
+        pods.epochs,
+        pods.create_groups,
+        pods.avoid_nodes,
+        pods.slots,
+        retiring,
+        seen.shape,
+        unguarded={(r.role, r.index) for r in records.values() if not needs(r).guarded},
+        runtimes=seen.runtimes,
+    )
+    pods.apply_reconcile(reconcile)
+    pods.apply_pdbs(reconcile.pdbs, seen.pdbs)
+    mem.router = exe.routers.apply(mem.router, seen.services, seen.deployments)
+    return Done(records, actions, requeue)
+
+
+def tell_refusals(mem: Memory, seen: Seen, exe: Execution) -> None:
+    """A `RuntimeRefused` Event for each pod whose runtime refused to start, once per
+    container restart (the container's termination message says why; status shows it
+    too)."""
+    told = set()
+    for (role, g), group in sorted(seen.by_group.items()):
+        for pod in group:
+            view = pod_view_from_k8s(pod)
+            if view.refusal is None:
+                continue
+            key = (view.uid, view.refusal_restart)
+            told.add(key)
+            if key not in mem.refusals:
+                exe.events(
+                    "Warning",
+                    view.refusal.split(":", 1)[0],
+                    f"{role} group {g}: pod {view.name}: {view.refusal}",
+                )
+    mem.refusals = told
+
+
+def tell_suspects(mem: Memory, seen: Seen, incidents: Incidents, exe: Execution) -> None:
+    """A NodeSuspect Event for each node that became suspect (`suspects`: the outlier of
+    several incidents), and, with spec.recovery.suspectNodes.cordon, the node cordoned
+    before a restart places a group there (never past maxCordoned; never undone here)."""
+    spec = seen.pdd.spec.recovery.suspect_nodes
+    found = suspect_nodes(incidents.values(), seen.now, spec)
+    owner = f"{seen.namespace}/{seen.name}"
+    # A cordon refused (RBAC) is told once, not asked again every round.
+    cordon, held = cordon_decisions(
+        [s for s in found if s.node not in mem.cordon_failed], seen.nodes, owner, spec
+    )
+    mem.cordon_failed |= exe.nodes.cordon(cordon, spec.window_seconds)
+    for s in found:
+        if s.node in mem.suspects or s in cordon:
+            continue
+        why = next((w for h, w in held if h == s), None)
+        tail = (
+            f"; not cordoned ({why})"
+            if why
+            else "; not cordoned (spec.recovery.suspectNodes.cordon is off)"
+            if not spec.cordon
+            else ""
+        )
+        exe.events("Warning", "NodeSuspect", s.text(spec.window_seconds) + tail)
+    mem.suspects = {s.node for s in found}
