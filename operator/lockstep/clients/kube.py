@@ -67,6 +67,21 @@ def api_client() -> k8s.ApiClient:
     return k8s.ApiClient()
 
 
+def service_patch(obj: Obj) -> list[Obj]:
+    """The JSON patch that makes a Service its desired self: selector, ports and labels
+    replaced whole (a strategic merge would merge ports by number and keep the old
+    epoch's rendezvous port), its annotations set."""
+    meta = obj["metadata"]
+    ops: list[Obj] = [
+        {"op": "replace", "path": "/spec/selector", "value": obj["spec"]["selector"]},
+        {"op": "replace", "path": "/spec/ports", "value": obj["spec"]["ports"]},
+        {"op": "replace", "path": "/metadata/labels", "value": meta["labels"]},
+    ]
+    if meta.get("annotations"):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": meta["annotations"]})
+    return ops
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -158,20 +173,7 @@ class Kube:
         ns = obj["metadata"].get("namespace", "default")
         name = obj["metadata"]["name"]
         if kind == "Service":
-            ops = [
-                {"op": "replace", "path": "/spec/selector", "value": obj["spec"]["selector"]},
-                {"op": "replace", "path": "/spec/ports", "value": obj["spec"]["ports"]},
-                {"op": "replace", "path": "/metadata/labels", "value": obj["metadata"]["labels"]},
-            ]
-            if obj["metadata"].get("annotations"):
-                ops.append(
-                    {
-                        "op": "add",
-                        "path": "/metadata/annotations",
-                        "value": obj["metadata"]["annotations"],
-                    }
-                )
-            self.core.patch_namespaced_service(name, ns, ops)
+            self.core.patch_namespaced_service(name, ns, service_patch(obj))
             log.info("patched %s %s/%s", kind, ns, name)
             return
         patchers: dict[str, Any] = {

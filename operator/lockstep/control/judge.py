@@ -152,7 +152,7 @@ def judge_role(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
     # first, then deleted (`recovery`); paused deployments delete at once.
     present = [g for (r, g) in seen.by_group if r == role]
     present += [rec.index for rec in mem.records.values() if rec.role == role]
-    span = replicas if pdd.spec.paused else max([replicas, *(g + 1 for g in present)])
+    span = replicas if shape.paused else max([replicas, *(g + 1 for g in present)])
     records = {g: r for g in range(span) if (r := mem.records.get(record_key(role, g))) is not None}
     for g in range(span):
         if g not in records and seen.by_group.get((role, g)):
