@@ -1,121 +1,28 @@
-"""Pure manifest builders: a PDDeployment (plus the policy's verdict) -> Kubernetes objects.
-
-No I/O and no Kubernetes client: every function takes its inputs as arguments and
-returns plain dicts, ready for `kubectl apply`, the API client or a test.
-
-The shape of a deployment named `m` in namespace `ns`:
-- per (role, group, node rank) one Pod `m-<role>-<group>-<rank>`; the pods of one group
-  are one TP group of `tp = gpusPerPod * podsPerGroup` ranks. A group has two name slots:
-  a make-before-break move (node maintenance) starts the next epoch in the other slot
-  (`m-<role>-<group>b-<rank>`, label `lockstep.dev/slot: "1"`) while the old pods serve;
-- per group and slot one PodDisruptionBudget (every pod of the slot must stay
-  available): an eviction (`kubectl drain`) of a serving group's pod is refused, and the
-  operator moves the group off the node itself;
-- per group one headless Service `m-<role>-<group>` (`publishNotReadyAddresses`, selector
-  includes the epoch), through which every rank finds rank 0 for the torch.distributed
-  rendezvous (`--dist-init-addr`), whose port also moves with the epoch, so a rank of
-  an old epoch can never join a new one;
-- one Secret `m-agent-token` holding the token the pod agents require on
-  `POST /restart` (the operator's in-place group restart); pods read it from env;
-- the sglang-router (PD mode, Kubernetes service discovery on the role selectors of the
-  rank-0 pods, which are the only ones that serve HTTP), with its ServiceAccount and a
-  Role to watch pods, a Deployment and a Service.
-Every object is owned by the PDDeployment (when its uid is known), so deleting it
-garbage-collects everything.
-"""
+"""The pods of one group's epoch (one per node: SGLang's argv with the policy's flags,
+the runtime's entrypoint or its injection, placement), and reading back which runtime
+a group's pods run."""
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lockstep.api import constants as c
 from lockstep.api.models import PDDeployment, RoleSpec
-from lockstep.api.objects import label
-from lockstep.core import evidence
-from lockstep.core.policy import PolicyResult, RolePolicy, evaluate
-from lockstep.core.shape import RoleShape, deployment_shape
-
-Obj = dict[str, Any]
-
-# A wedged NCCL rank ignores SIGTERM; the group is restarted as a whole, so there is
-# nothing to drain gracefully inside a pod.
-POD_GRACE_SECONDS = 15
-
-
-def group_name(pdd: PDDeployment, role: str, group: int, slot: int = 0) -> str:
-    """The name of a group's headless Service (and PodDisruptionBudget) in a name slot,
-    also its pods' subdomain: `<name>-<role>-<group>`, slot 1 `<name>-<role>-<group>b`."""
-    return f"{pdd.metadata.name}-{role}-{group}{'b' if slot else ''}"
-
-
-def pod_name(pdd: PDDeployment, role: str, group: int, rank: int, slot: int = 0) -> str:
-    """`<name>-<role>-<group>-<rank>` (slot 1: `<name>-<role>-<group>b-<rank>`)."""
-    return f"{group_name(pdd, role, group, slot)}-{rank}"
-
-
-def pod_slot(pod: Mapping[str, Any]) -> int:
-    """The name slot of a pod (its label; pods without one are slot 0)."""
-    return 1 if label(pod, c.LABEL_SLOT) == "1" else 0
-
-
-def dist_port(epoch: int) -> int:
-    """The rendezvous port of a group's epoch."""
-    return c.DIST_PORT_BASE + epoch % c.DIST_PORT_SPAN
-
-
-def deployment_labels(pdd: PDDeployment) -> dict[str, str]:
-    """Labels on every object of a deployment."""
-    return {
-        c.APP_INSTANCE: pdd.metadata.name,
-        c.APP_MANAGED_BY: c.MANAGER,
-        c.LABEL_DEPLOYMENT: pdd.metadata.name,
-    }
-
-
-def role_selector(pdd: PDDeployment, role: str) -> dict[str, str]:
-    """Selects the serving (rank-0) pods of a role: what the router discovers."""
-    return {c.LABEL_DEPLOYMENT: pdd.metadata.name, c.LABEL_ROLE: role, c.LABEL_RANK: "0"}
-
-
-def group_selector(pdd: PDDeployment, role: str, group: int) -> dict[str, str]:
-    """Selects every pod of one group, whatever its epoch."""
-    return {
-        c.LABEL_DEPLOYMENT: pdd.metadata.name,
-        c.LABEL_ROLE: role,
-        c.LABEL_GROUP: str(group),
-    }
-
-
-def owner_references(pdd: PDDeployment) -> list[Obj]:
-    """The PDDeployment as controller owner (empty when its uid is not known yet)."""
-    if not pdd.metadata.uid:
-        return []
-    return [
-        {
-            "apiVersion": c.API_VERSION,
-            "kind": c.KIND,
-            "name": pdd.metadata.name,
-            "uid": pdd.metadata.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-
-
-def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Obj:
-    meta: Obj = {"name": name, "labels": {**deployment_labels(pdd), **labels}}
-    if pdd.metadata.namespace:
-        meta["namespace"] = pdd.metadata.namespace
-    owners = owner_references(pdd)
-    if owners:
-        meta["ownerReferences"] = owners
-    return meta
-
+from lockstep.core.builders.common import (
+    POD_GRACE_SECONDS,
+    Obj,
+    _metadata,
+    agent_token_secret_name,
+    dist_port,
+    group_name,
+    group_selector,
+    pod_name,
+    role_selector,
+    spec_hash,
+)
+from lockstep.core.policy import RolePolicy
 
 # The deep probe with a timeout under the readiness probe's own (3 s).
 LEADER_READINESS_PATH = "/lockstep/probe?timeout=2"
@@ -128,12 +35,6 @@ def _dist_init_addr(pdd: PDDeployment, role: str, group: int, epoch: int, slot: 
     return f"{host}:{dist_port(epoch)}"
 
 
-def spec_hash(obj: Any) -> str:
-    """A short stable hash of a JSON-able object (pod template changes roll groups)."""
-    raw = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(raw).hexdigest()[:16]
-
-
 def _resources(role: RoleSpec) -> Obj:
     gpus = str(role.gpus_per_pod)
     requests = {k: v for k, v in role.resources.requests.items()}
@@ -141,48 +42,6 @@ def _resources(role: RoleSpec) -> Obj:
     requests["nvidia.com/gpu"] = gpus
     limits["nvidia.com/gpu"] = gpus
     return {"requests": requests, "limits": limits}
-
-
-def build_evidence_configmap(pdd: PDDeployment, data: Mapping[str, str]) -> Obj:
-    """The evidence store's ConfigMap (`lockstep.core.evidence`): one key per incident."""
-    labels = {c.LABEL_COMPONENT: evidence.COMPONENT}
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(pdd, evidence.configmap_name(pdd.metadata.name), labels),
-        "data": dict(data),
-    }
-
-
-def build_full_capture_configmap(
-    pdd: PDDeployment, name: str, incident_id: str, capture: str
-) -> Obj:
-    """A whole capture's ConfigMap (`lockstep.core.evidence`: one slot of the ring): the
-    incident it belongs to and its capture."""
-    labels = {c.LABEL_COMPONENT: evidence.FULL_COMPONENT}
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(pdd, name, labels),
-        "data": {"incident": incident_id, "capture": capture},
-    }
-
-
-def agent_token_secret_name(pdd: PDDeployment) -> str:
-    """The Secret holding the pod agents' restart token."""
-    return f"{pdd.metadata.name}-agent-token"
-
-
-def build_agent_token_secret(pdd: PDDeployment, token: str) -> Obj:
-    """The restart token's Secret (the operator generates the token once)."""
-    labels = {c.LABEL_COMPONENT: "agent-token"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _metadata(pdd, agent_token_secret_name(pdd), labels),
-        "type": "Opaque",
-        "stringData": {c.AGENT_TOKEN_KEY: token},
-    }
 
 
 def _env(pdd: PDDeployment, role: RoleSpec, policy: RolePolicy, epoch: int) -> list[Obj]:
@@ -508,227 +367,3 @@ def _runtime_init_container(pdd: PDDeployment) -> Obj:
             "readOnlyRootFilesystem": True,
         },
     }
-
-
-def build_group_service(
-    pdd: PDDeployment, role_name: str, group: int, epoch: int, slot: int = 0
-) -> Obj:
-    """The headless Service of one group in one epoch (DNS for the rendezvous); the epoch
-    alone tells the slots' pods apart (a move's new epoch is always the higher)."""
-    selector = {**group_selector(pdd, role_name, group), c.LABEL_EPOCH: str(epoch)}
-    labels = {
-        c.LABEL_ROLE: role_name,
-        c.LABEL_GROUP: str(group),
-        c.LABEL_EPOCH: str(epoch),
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(pdd, group_name(pdd, role_name, group, slot), labels),
-        "spec": {
-            "clusterIP": "None",
-            # Ranks rendezvous before any of them is Ready.
-            "publishNotReadyAddresses": True,
-            "selector": selector,
-            "ports": [
-                {"name": "dist", "port": dist_port(epoch), "protocol": "TCP"},
-                {"name": "http", "port": c.PORT_HTTP, "protocol": "TCP"},
-            ],
-        },
-    }
-
-
-def build_group_pdb(pdd: PDDeployment, role_name: str, group: int, slot: int) -> Obj:
-    """The PodDisruptionBudget of one group's pods in one name slot: every pod must stay
-    available, so the eviction API (`kubectl drain`) refuses to take a pod of a serving
-    group, and refuses while its pods are not ready (the default unhealthy-pod policy):
-    the group is moved off the node by the operator, which deletes its pods itself once
-    they are out of every router. An integer minAvailable needs no scale subresource."""
-    role = pdd.spec.role(role_name)
-    slot_match = (
-        {"key": c.LABEL_SLOT, "operator": "In", "values": ["1"]}
-        if slot
-        else {"key": c.LABEL_SLOT, "operator": "NotIn", "values": ["1"]}
-    )
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": _metadata(
-            pdd,
-            group_name(pdd, role_name, group, slot),
-            {c.LABEL_ROLE: role_name, c.LABEL_GROUP: str(group)},
-        ),
-        "spec": {
-            "minAvailable": role.pods_per_group,
-            "selector": {
-                "matchLabels": group_selector(pdd, role_name, group),
-                "matchExpressions": [slot_match],
-            },
-        },
-    }
-
-
-# How the router treats a server that died with requests in flight (measured with
-# sglang-router 0.3.2 and the real SGLang 0.5.23 on CPU, docs/router.md): with its
-# defaults (health check every 60 s, 5 retries) a request whose decode died was retried
-# onto the same dead decode and waited for the prefill's 300 s bootstrap timeout; with
-# these the dead server leaves the rotation within ~2 s and the request is retried on
-# another one. A flag the user gives in spec.router.args wins.
-ROUTER_FAILURE_DEFAULTS: tuple[tuple[str, str], ...] = (
-    ("--health-check-interval-secs", "1"),
-    ("--health-failure-threshold", "2"),
-    ("--retry-max-retries", "2"),
-    ("--retry-initial-backoff-ms", "3000"),
-)
-
-
-def _selector_args(selector: Mapping[str, str]) -> list[str]:
-    return [f"{k}={v}" for k, v in sorted(selector.items())]
-
-
-def build_router(pdd: PDDeployment) -> list[Obj]:
-    """sglang-router in PD mode with Kubernetes service discovery, and what it needs."""
-    router = pdd.spec.router
-    name = router_name(pdd)
-    labels = {c.APP_NAME: "sglang-router", c.LABEL_COMPONENT: "router"}
-    namespace = pdd.metadata.namespace
-    args = [
-        "-m",
-        "sglang_router.launch_router",
-        "--pd-disaggregation",
-        "--service-discovery",
-        "--prefill-selector",
-        *_selector_args(role_selector(pdd, "prefill")),
-        "--decode-selector",
-        *_selector_args(role_selector(pdd, "decode")),
-        "--service-discovery-port",
-        str(c.PORT_HTTP),
-        "--policy",
-        router.policy,
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(c.PORT_ROUTER),
-        "--prometheus-port",
-        str(c.PORT_ROUTER_METRICS),
-        # The pod's addresses, so Prometheus can scrape it (said, not left to the default).
-        "--prometheus-host",
-        "0.0.0.0",
-    ]
-    if namespace:
-        args += ["--service-discovery-namespace", namespace]
-    given = {a.split("=", 1)[0] for a in router.args if a.startswith("--")}
-    for flag, value in ROUTER_FAILURE_DEFAULTS:
-        if flag not in given:
-            args += [flag, value]
-    args += list(router.args)
-    pod_labels = {**deployment_labels(pdd), **labels}
-    service_account = {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": _metadata(pdd, name, labels),
-    }
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _metadata(pdd, name, labels),
-        # Service discovery watches the worker pods of this namespace; nothing else.
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _metadata(pdd, name, labels),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [
-            {
-                "kind": "ServiceAccount",
-                "name": name,
-                **({"namespace": namespace} if namespace else {}),
-            }
-        ],
-    }
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _metadata(pdd, name, labels),
-        "spec": {
-            "replicas": router.replicas,
-            "selector": {"matchLabels": {c.LABEL_DEPLOYMENT: pdd.metadata.name, **labels}},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": {
-                    "serviceAccountName": name,
-                    "containers": [
-                        {
-                            "name": "router",
-                            "image": router.image or pdd.spec.image,
-                            "imagePullPolicy": pdd.spec.image_pull_policy,
-                            "command": ["python3"],
-                            "args": args,
-                            "ports": [
-                                {"name": "http", "containerPort": c.PORT_ROUTER},
-                                {"name": "metrics", "containerPort": c.PORT_ROUTER_METRICS},
-                            ],
-                            "readinessProbe": {
-                                "httpGet": {"path": "/health", "port": "http"},
-                                "periodSeconds": 5,
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(pdd, name, labels),
-        "spec": {
-            "selector": {c.LABEL_DEPLOYMENT: pdd.metadata.name, **labels},
-            "ports": [{"name": "http", "port": c.PORT_ROUTER, "targetPort": "http"}],
-        },
-    }
-    objects: list[Obj] = [service_account, role, binding, deployment, service]
-    for obj in objects:
-        # What the operator compares with the live object to patch it on drift.
-        body = {k: v for k, v in obj.items() if k != "metadata"}
-        obj["metadata"]["annotations"] = {c.ANNOTATION_SPEC_HASH: spec_hash(body)}
-    return objects
-
-
-ROUTER_KINDS = ("ServiceAccount", "Role", "RoleBinding", "Deployment", "Service")
-
-
-def router_name(pdd: PDDeployment) -> str:
-    """The name of every router object of a deployment."""
-    return f"{pdd.metadata.name}-router"
-
-
-def build_all(
-    pdd: PDDeployment,
-    policy: PolicyResult | None = None,
-    epochs: Mapping[tuple[str, int], int] | None = None,
-    agent_token: str | None = None,
-    shape: Mapping[str, RoleShape] | None = None,
-) -> list[Obj]:
-    """Every object of a deployment: the agent-token Secret, groups (Service then pods)
-    per role, then the router: the groups the operator runs (`shape`, default the
-    spec's: the serving groups and the warm spares, none while paused).
-
-    `epochs` maps (role, group) to the group's current epoch (0 when absent);
-    `agent_token`: the restart token (None: a fresh random one, as the operator makes).
-    """
-    policy = policy or evaluate(pdd.spec)
-    epochs = epochs or {}
-    shape = shape or deployment_shape(pdd.spec)
-    token = agent_token if agent_token is not None else secrets.token_urlsafe(32)
-    objects: list[Obj] = [build_agent_token_secret(pdd, token)]
-    for role_name in c.ROLES:
-        for group in range(shape[role_name].runs):
-            epoch = epochs.get((role_name, group), 0)
-            objects.append(build_group_service(pdd, role_name, group, epoch))
-            objects.extend(build_group_pods(pdd, role_name, group, epoch, policy.roles[role_name]))
-    if pdd.spec.router.enabled:
-        objects.extend(build_router(pdd))
-    return objects
