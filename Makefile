@@ -26,13 +26,16 @@ controlplane:
 demo: venv tools controlplane
 	$(BIN)/lockstep dev drill --scenario desync
 
-# Lint, format, types, and the import contracts (who may import what): pyproject.toml's
-# [tool.importlinter].
+# Lint, format, types, the import contracts (who may import what: pyproject.toml's
+# [tool.importlinter]) and the house's shape (module and class sizes, the step and
+# action tables, the round naming no step).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy operator/lockstep images/sglang/lockstep_sglang operator/dev/lockstep_dev operator/dev/lockstep_standin
 	$(BIN)/lint-imports --no-cache --no-logo
+	$(PYTEST) -q -p no:cacheprovider tests/unit/test_house_size.py tests/unit/test_recovery_layout.py \
+	  tests/unit/test_execute_layout.py
 
 # Every tier, in one pytest run; each tier also runs alone (make test-<tier>). The 25
 # slowest tests are listed at the end (CI time is budgeted: keep it under 60 minutes).

@@ -13,7 +13,7 @@ import pytest
 from factories import REPO, incident_scene, pdd_obj, rank_state, ranks_answer, with_path
 
 from lockstep.cli import kubectl as kp
-from lockstep.core.evidence import to_data
+from lockstep.core.evidence import EvidenceEntry, to_data
 from lockstep.core.records import (
     ANNOTATION_RECORDS,
     ANNOTATION_RESTART,
@@ -216,7 +216,7 @@ def test_evidence_shows_each_pods_rank_states_and_stacks() -> None:
 
 def test_evidence_a_truncated_answer_is_shown_as_it_was_kept() -> None:
     answer = ranks_answer("p-0", 0, NOW, [rank_state(0, now=NOW, seq=5)])[:60]
-    data = to_data({"x-0-1": kp.EvidenceEntry("Hung", f"[p-0] ranks: {answer}")})
+    data = to_data({"x-0-1": EvidenceEntry("Hung", f"[p-0] ranks: {answer}")})
     text = kp.format_evidence(kp.evidence_view(stored(), {"data": data}, "x-0-1"), logs=False)
     assert text.startswith("Incident x-0-1 of qwen: not in status (only its evidence is kept)")
     assert f"(not readable as rank states) {answer.rstrip()}\n" in text
