@@ -64,3 +64,20 @@ def test_four_incidents_through_the_router_lose_no_request_and_cut_no_stream_sil
     (cordoned,) = result.suspects["cordoned"]
     assert cordoned in nodes
     assert all(p["node"] != cordoned for s in result.steps[1:] for p in s["pods"])
+
+
+@pytest.mark.timeout(900)
+def test_a_broken_kv_path_restarts_only_the_prefill_at_fault_and_loses_no_request() -> None:
+    result = Drill("pd-path", router=True).run()
+    print(result.to_json())
+    assert result.passed, f"{result.reason}\n{result.to_json()}"
+    assert [(s["group"], s["fault"], s["verdict"]) for s in result.steps] == [
+        ("prefill/0", "transfer-stall", "TransferBroken"),
+        ("prefill/1", "bootstrap-down", "TransferBroken"),
+    ]
+    for step in result.steps:
+        fo = step["failover"]
+        assert fo["caught"] > 0 and fo["caught_ok"] == fo["caught"], step
+        assert fo["longest_wait_past_verdict_s"] <= 5.0, step
+    assert result.restarts["decode/0"] == 0 and result.restarts["decode/1"] == 0
+    assert all(i["state"] == "Closed" and i["evidence"] for i in result.incidents)

@@ -54,6 +54,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "capacity",
         "upgrade",
         "ha",
+        "pd-path",
     }
     assert REAL_SGLANG_SCENARIOS == (
         "desync",

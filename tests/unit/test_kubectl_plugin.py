@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from factories import REPO, incident_scene, pdd_obj, rank_state, ranks_answer, with_path
 
+from lockstep.api.objects import rfc3339
 from lockstep.cli import kubectl as kp
 from lockstep.core.evidence import EvidenceEntry, to_data
 from lockstep.core.records import (
@@ -94,6 +95,27 @@ def test_status_marks_the_warm_spares() -> None:
     view = kp.status_view(stored(status__decode__groups=spare), SCENE.pods, NOW)
     assert [g["spare"] for g in view["groups"]] == [False, False, True]
     assert rows(kp.format_status(view), "decode/1")[0][1:3] == ["Healthy (spare)", "1"]
+
+
+def test_status_shows_each_pairs_last_hand_off() -> None:
+    pairs = [
+        {"prefill": 0, "decode": 0, "ok": True, "time": rfc3339(NOW - 2), "latencyMs": 12.5},
+        {
+            "prefill": 0,
+            "decode": 1,
+            "ok": False,
+            "time": rfc3339(NOW - 1),
+            "error": "decode: no answer within 4s",
+        },
+    ]
+    view = kp.status_view(stored(status__pairs=pairs), SCENE.pods, NOW)
+    text = kp.format_status(view)
+    assert rows(text, "prefill/0 ->") == [
+        ["prefill/0 -> decode/0", "ok", "12.5ms", "2s ago", "-"],
+        ["prefill/0 -> decode/1", "failed", "-", "1s ago", "decode: no answer within 4s"],
+    ]
+    # No pair probe yet (or off): no pair table.
+    assert "HAND-OFF" not in kp.format_status(kp.status_view(stored(), SCENE.pods, NOW))
 
 
 def test_status_json_is_the_view() -> None:

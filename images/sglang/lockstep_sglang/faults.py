@@ -9,13 +9,18 @@ into the real scheduler loop (:mod:`lockstep_sglang.hooks`).
 
 Format (every field optional)::
 
-    {"kind": "none" | "desync" | "hang" | "slow",
+    {"kind": "none" | "desync" | "hang" | "slow" | "transfer-stall" | "bootstrap-down",
      "ranks": [global ranks] | null,
      "step_seconds": float,          # slow: added to every iteration that runs a batch
      "epoch": str | null}            # only while LOCKSTEP_GROUP_EPOCH equals it
 
 ``ranks: null`` names every rank of this pod, except for ``desync``, where it names only
 the pod's highest global rank (every rank deciding differently would be no divergence).
+The PD path's faults belong to the pod's HTTP process, not to a rank (``ranks`` is
+ignored, :meth:`Fault.pd_fault`): ``transfer-stall``, a prefill whose KV sender stops
+sending for new bootstrap rooms (its collectives, HTTP server and deep probe stay fine);
+``bootstrap-down``, a prefill whose bootstrap server stops answering.
+
 ``epoch`` lets an injector aim at one incarnation of a group: after the operator restarts
 the group in a new epoch, the fault no longer applies even if the file stays.
 
@@ -40,8 +45,12 @@ logger = logging.getLogger(__name__)
 
 FAULT_FILE = "fault.json"
 FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"
-FaultKind = Literal["none", "desync", "hang", "slow"]
-KINDS: tuple[FaultKind, ...] = ("none", "desync", "hang", "slow")
+FaultKind = Literal["none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down"]
+KINDS: tuple[FaultKind, ...] = (
+    "none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down"
+)  # fmt: skip
+# Faults of the pod's PD path (its HTTP process), not of its ranks' loops.
+PD_KINDS: frozenset[FaultKind] = frozenset({"transfer-stall", "bootstrap-down"})
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,7 @@ class Fault:
 
     def targets(self, rank: int, local_ranks: Sequence[int], epoch: str | None) -> bool:
         """Whether this fault applies to global ``rank`` of a pod holding ``local_ranks``."""
-        if self.kind == "none":
+        if self.kind == "none" or self.kind in PD_KINDS:
             return False
         if self.epoch is not None and self.epoch != epoch:
             return False
@@ -64,6 +73,10 @@ class Fault:
         if self.kind == "desync":
             return rank == max(local_ranks)
         return True
+
+    def pd_fault(self, kind: FaultKind, epoch: str | None) -> bool:
+        """Whether the PD-path fault ``kind`` is in force in this pod's ``epoch``."""
+        return self.kind == kind and kind in PD_KINDS and self.epoch in (None, epoch)
 
 
 NO_FAULT = Fault()

@@ -20,6 +20,12 @@ from typing import Any
 
 import yaml
 
+# `lockstep dev inject --fault`: a rank's, a pod's or (the last two) a prefill's PD path.
+FAULTS = (
+    "desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none",
+    "transfer-stall", "bootstrap-down",
+)  # fmt: skip
+
 # lockstep_dev.localcluster.engines.ENGINES (not imported here: `lockstep --help` stays fast).
 ENGINE_CHOICES = ("standin", "sglang")
 ENGINE_HELP = (
@@ -48,7 +54,8 @@ def add_parser(sub: Any) -> None:
     inj.add_argument(
         "--fault",
         required=True,
-        choices=["desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none"],
+        choices=FAULTS,
+        help="transfer-stall and bootstrap-down: a prefill group's PD path (its leader)",
     )
     inj.set_defaults(func=cmd_inject)
     down = dsub.add_parser("down", help="stop the local cluster")
@@ -185,15 +192,19 @@ def cmd_inject(args: argparse.Namespace) -> int:
     info = _state(args.dir)
     api, k8s = _api(info)
     role, index = args.group.split("/")
-    text = inject(
-        k8s.CoreV1Api(api),
-        Path(info["kubelet_root"]),
-        args.namespace,
-        args.deployment,
-        role,
-        int(index),
-        args.fault,
-    )
+    try:
+        text = inject(
+            k8s.CoreV1Api(api),
+            Path(info["kubelet_root"]),
+            args.namespace,
+            args.deployment,
+            role,
+            int(index),
+            args.fault,
+        )
+    except ValueError as e:  # a PD-path fault asked of a decode group
+        print(f"lockstep dev: --fault {args.fault} --group {args.group}: {e}", file=sys.stderr)
+        return 2
     print(f"lockstep dev: {text}")
     return 0
 

@@ -20,7 +20,13 @@ from kubernetes import client as k8s
 from lockstep.api import constants as c
 from lockstep.clients.agent_client import AgentClient, report_from_ranks
 
-FaultKind = Literal["desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none"]
+FaultKind = Literal[
+    "desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none",
+    "transfer-stall", "bootstrap-down",
+]  # fmt: skip
+# The PD path's faults: written to the group's leader pod only (its HTTP process holds the
+# bootstrap server and the KV sender), in force for the epoch it runs.
+PD_FAULTS: tuple[FaultKind, ...] = ("transfer-stall", "bootstrap-down")
 
 
 def pod_dir(kubelet_root: Path, pod: dict[str, Any]) -> Path:
@@ -97,6 +103,12 @@ def inject(
         raise RuntimeError(f"{role}/{group} of {namespace}/{deployment} has no pods")
     last = pods[-1]
     dirs = [pod_dir(kubelet_root, p) for p in pods]
+    if kind in PD_FAULTS:
+        if role != "prefill":
+            raise ValueError(f"{kind} is a prefill group's fault, not a {role} group's")
+        epoch = int(pods[0]["metadata"]["labels"].get(c.LABEL_EPOCH, "0"))
+        _write_fault(dirs[0], {"kind": kind, "ranks": None, "epoch": epoch})
+        return f"{kind} injected into {role}/{group} (its leader's PD path)"
     if kind in ("desync", "hang", "slow", "none"):
         # desync/hang: one rank (the group's last) misbehaves; slow: every rank.
         victim = highest_rank(last) if kind in ("desync", "hang") else None
@@ -110,9 +122,7 @@ def inject(
             "epoch": epoch,
         }
         for d in dirs:
-            tmp = d / "fault.json.tmp"
-            tmp.write_text(json.dumps(fault))
-            tmp.replace(d / "fault.json")
+            _write_fault(d, fault)
         who = "every rank" if victim is None else f"rank {victim}"
         return f"{kind} injected into {role}/{group} ({who})"
     if kind in ("kill-rank", "stall-rank"):
@@ -124,3 +134,10 @@ def inject(
         core.delete_namespaced_pod(last["metadata"]["name"], namespace)
         return f"deleted pod {last['metadata']['name']} of {role}/{group}"
     raise ValueError(f"unknown fault {kind!r}")
+
+
+def _write_fault(pod_dir: Path, fault: dict[str, Any]) -> None:
+    """Replace a pod's fault.json in one rename (no reader sees half a file)."""
+    tmp = pod_dir / "fault.json.tmp"
+    tmp.write_text(json.dumps(fault))
+    tmp.replace(pod_dir / "fault.json")

@@ -158,13 +158,19 @@ class KVStore:
 
 class BootstrapServer:
     """``GET /lockstep/kv/<room>?timeout=s`` on the prefill pod's bootstrap port: 200 with
-    the hand-off, 404 when none arrived in time; ``GET /health`` 200."""
+    the hand-off, 404 when none arrived in time; ``GET /health`` 200. While ``down()``
+    (the drills' ``bootstrap-down``) it closes every connection without an answer."""
 
-    def __init__(self, store: KVStore, host: str, port: int) -> None:
+    def __init__(
+        self, store: KVStore, host: str, port: int, down: Callable[[], bool] = lambda: False
+    ) -> None:
         self.store = store
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                if down():
+                    self.close_connection = True
+                    return
                 url = urlsplit(self.path)
                 if url.path == "/health":
                     self._send(200, {})

@@ -64,6 +64,7 @@ from lockstep_sglang.failover import (
     end_everything,
 )
 from lockstep_sglang.failover import add_routes as add_failover_routes
+from lockstep_sglang.faults import FAULT_FILE, FaultKind, FaultWatcher
 from lockstep_sglang.inflight import INFLIGHT_ROUTE, InflightCounter, InflightMiddleware
 from lockstep_sglang.probe import ProbeGate, ProbeReply
 from lockstep_standin.kv import (
@@ -166,6 +167,9 @@ class Frontend:
         )
         self.kv = KVStore()
         self.timeouts = timeouts or PDTimeouts.from_env()
+        # The PD path's drill faults (transfer-stall, bootstrap-down), read by this process.
+        self._faults = FaultWatcher(settings.pod_dir / FAULT_FILE)  # one stat a check
+        self._faults_lock = threading.Lock()
         self.failover = Failover(self)
         self.loop: asyncio.AbstractEventLoop | None = None  # the HTTP server's, once serving
         self.request_log = settings.pod_dir / REQUEST_LOG
@@ -180,12 +184,23 @@ class Frontend:
         server = self.settings.server
         if server.disaggregation_mode == "prefill":
             try:
-                bootstrap = BootstrapServer(self.kv, self.settings.pod_ip, server.bootstrap_port)
+                bootstrap = BootstrapServer(
+                    self.kv,
+                    self.settings.pod_ip,
+                    server.bootstrap_port,
+                    down=lambda: self.pd_fault("bootstrap-down"),
+                )
             except OSError as exc:  # decode pods then fail every PD request, loudly
                 logger.error("cannot serve the bootstrap port %d: %s", server.bootstrap_port, exc)
             else:
                 bootstrap.serve_in_thread()
                 logger.info("bootstrap server on %s:%d", self.settings.pod_ip, bootstrap.port)
+
+    def pd_fault(self, kind: FaultKind) -> bool:
+        """Whether a drill put the PD-path fault ``kind`` on this pod's epoch."""
+        with self._faults_lock:
+            fault = self._faults.current()
+        return fault.pd_fault(kind, self.settings.epoch)
 
     def log_request(self, event: str, **fields: Any) -> None:
         """Append one line to the request log (never fails the request)."""
@@ -303,12 +318,16 @@ class Frontend:
                     # As SGLang's prefill: the request holds its KV until the decode took
                     # it (or the bootstrap timeout ends it), then answers.
                     first = result.output_ids[0] if result.output_ids else -1
-                    self.kv.publish(
-                        KVHandoff(
-                            int(room), prompt_digest(text), first, self.settings.pod_name,
-                            self._clock(),
-                        )
-                    )  # fmt: skip
+                    if self.pd_fault("transfer-stall"):
+                        # The sender stalls for this room: the KV is never handed over.
+                        logger.warning("fault transfer-stall: the KV of room %s not sent", room)
+                    else:
+                        self.kv.publish(
+                            KVHandoff(
+                                int(room), prompt_digest(text), first, self.settings.pod_name,
+                                self._clock(),
+                            )
+                        )  # fmt: skip
                     h.phase = "holding_kv"
                     await self._or_ended(h, self._until_taken(int(room)))
             finally:

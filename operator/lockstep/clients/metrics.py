@@ -29,6 +29,20 @@ class Metrics:
             ["role", "result"],
             registry=self.registry,
         )
+        self.pair_probes = Counter(
+            "lockstep_pair_probes_total",
+            "Pair probes (one request's KV hand-off from a prefill group to a decode "
+            "group) by result.",
+            ["namespace", "deployment", "result"],
+            registry=self.registry,
+        )
+        self.pair_probe_latency = Histogram(
+            "lockstep_pair_probe_latency_seconds",
+            "A passing pair probe's round trip (both halves answered).",
+            ["namespace", "deployment"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
         self.verdicts = Counter(
             "lockstep_group_verdicts_total",
             "Group verdicts reached (Desynced, Hung, RankDown, ...).",

@@ -27,7 +27,7 @@ from lockstep.core.recovery import (
     retired,
 )
 from lockstep.core.suspects import cordon_decisions, suspect_nodes
-from lockstep.core.verdicts import pod_view_from_k8s
+from lockstep.core.verdicts import PairJudgement, pod_view_from_k8s
 from lockstep.execute import Execution, GroupId
 
 # How often, at most, a deployment's router registries are swept (one GET per replica).
@@ -49,12 +49,15 @@ def act(
     judged: Mapping[Role, Judged],
     plans: Mapping[Role, RolePlan],
     exe: Execution,
+    pairs: PairJudgement | None = None,
 ) -> Done:
     """Every change of the round, through the executor: the scale targets, each group's
     actions in order, the new epochs, the reconcile plan, the disruption budgets, the
     router's objects and registries."""
     exe.scale.apply_targets(seen.resolutions)
     tell_refusals(mem, seen, exe)
+    if pairs is not None:
+        tell_pairs(mem, pairs, exe)
     records: dict[str, GroupRecord] = {}
     actions: list[Action] = []
     requeue: float | None = None
@@ -128,6 +131,31 @@ def tell_refusals(mem: Memory, seen: Seen, exe: Execution) -> None:
                     f"{role} group {g}: pod {view.name}: {view.refusal}",
                 )
     mem.refusals = told
+
+
+def tell_pairs(mem: Memory, pairs: PairJudgement, exe: Execution) -> None:
+    """A warning Event for each failing pair no group's verdict explains, once while it
+    fails: a link at fault (both groups pass with other peers: their nodes are named, no
+    group is restarted), or a pair whose side cannot be told yet."""
+    failing = {key for key, _, _ in pairs.links} | set(pairs.unexplained)
+    for (p, d), node_p, node_d in pairs.links:
+        if (p, d) not in mem.pairs_told:
+            exe.events(
+                "Warning",
+                "PairLinkFailing",
+                f"prefill/{p} -> decode/{d}: the KV hand-off fails between node "
+                f"{node_p or '?'} and node {node_d or '?'} while both groups pass with other "
+                "peers: the link between them, not either group (nothing restarted)",
+            )
+    for p, d in pairs.unexplained:
+        if (p, d) not in mem.pairs_told:
+            exe.events(
+                "Warning",
+                "PairFailing",
+                f"prefill/{p} -> decode/{d}: the KV hand-off failed; the tries so far do "
+                "not tell which side is at fault",
+            )
+    mem.pairs_told = failing
 
 
 def tell_suspects(mem: Memory, seen: Seen, incidents: Incidents, exe: Execution) -> None:

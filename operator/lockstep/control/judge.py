@@ -39,9 +39,11 @@ from lockstep.core.verdicts import (
     AgentReport,
     GroupObservation,
     GroupVerdict,
+    PairJudgement,
     ProbeOutcome,
     StepBounds,
     classify_group,
+    classify_pairs,
     pod_view_from_k8s,
     pods_down,
     progress_baseline,
@@ -139,8 +141,43 @@ def _read_agents(
     return tuple(reports)
 
 
-def judge_role(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
-    """Each group of a role judged once (`observe_group`) and its planner input."""
+def judge_pairs(rt: Runtime, mem: Memory, seen: Seen) -> PairJudgement:
+    """The PD path's judgement of the round: the pair probe's recent tries of the groups
+    in service (`verdicts.classify_pairs`), each group's leader's node named for a link,
+    with each group's newest deep probe (a group whose TP path fails is the TP judge's)."""
+    spec = seen.pdd.spec.health.pair_probe
+    probed = {(str(r.role), r.index): r.epoch for r in mem.records.values() if needs(r).pair_probe}
+    nodes = {gid: leader_of(seen.by_group.get(gid, []), epoch)[1] for gid, epoch in probed.items()}
+    window = 3.0 * spec.period_seconds + 2.0 * spec.timeout_seconds
+    deep: dict[tuple[str, int], float | None] = {}
+    for (role, g), epoch in probed.items():
+        samples = [
+            s for s in rt.book.samples((seen.namespace, seen.name, role, g)) if s.epoch == epoch
+        ]
+        if samples:
+            deep[(role, g)] = _to_wall(samples[-1], rt) if samples[-1].ok else None
+    return classify_pairs(
+        rt.pairs.results(seen.namespace, seen.name), probed, seen.now, window, nodes, deep=deep
+    )
+
+
+def leader_of(pods: Sequence[Mapping[str, Any]], epoch: int) -> tuple[str | None, str | None]:
+    """The IP and node of a group's leader (rank 0) in `epoch`, not being deleted."""
+    for p in pods:
+        if (
+            label(p, c.LABEL_EPOCH) == str(epoch)
+            and label(p, c.LABEL_RANK) == "0"
+            and not (p.get("metadata") or {}).get("deletionTimestamp")
+        ):
+            return (p.get("status") or {}).get("podIP"), (p.get("spec") or {}).get("nodeName")
+    return None, None
+
+
+def judge_role(
+    rt: Runtime, mem: Memory, seen: Seen, role: Role, pairs: PairJudgement | None = None
+) -> Judged:
+    """Each group of a role judged once (`observe_group`) and its planner input; where
+    its deep probe found nothing wrong, the PD path's verdict of it (`pairs`), if any."""
     assert rt.deps is not None
     deps, pdd, now = rt.deps, seen.pdd, seen.now
     namespace, name = seen.namespace, seen.name
@@ -177,6 +214,9 @@ def judge_role(rt: Runtime, mem: Memory, seen: Seen, role: Role) -> Judged:
             rt, (namespace, name, role, g), rec, group_pods, spec_role.pods_per_group, now,
             steps, token, _capture_of(mem, rec),
         )  # fmt: skip
+        pair_verdict = pairs.verdicts.get((role, g)) if pairs is not None else None
+        if pair_verdict is not None and (verdict is None or not verdict.is_failure):
+            verdict = pair_verdict
         request = manual_request(seen.body, role, g)
         rollout = request is None and rolling == (role, g)
         if rollout:

@@ -17,12 +17,15 @@ from lockstep.api import constants as c
 from lockstep.api.models import PDDeployment
 from lockstep.api.objects import label
 from lockstep.clients.agent_client import agent_url, captured_reports
+from lockstep.clients.pair_prober import PairTargets
 from lockstep.clients.prober import ProbeTarget
 from lockstep.control.act import Done, tell_suspects
+from lockstep.control.judge import leader_of
 from lockstep.control.observe import ROLES, Seen
 from lockstep.control.runtime import Memory, Runtime
 from lockstep.core.builders import build_evidence_configmap
 from lockstep.core.evidence import Capture, EvidenceEntry
+from lockstep.core.pairs import PairEnd
 from lockstep.core.records import (
     ANNOTATION_INCIDENTS,
     ANNOTATION_RECORDS,
@@ -83,6 +86,7 @@ def record(
     mem.records, mem.incidents, mem.persisted = records, incidents, persisted
     tell_suspects(mem, seen, incidents, exe)
     _update_targets(rt, pdd, namespace, name, records, seen.by_group)
+    _update_pair_targets(rt, pdd, namespace, name, records, seen.by_group)
     status = derive_status(
         pdd,
         seen.policy,
@@ -95,6 +99,7 @@ def record(
         seen.now,
         shape=seen.shape,
         leader=rt.leader,
+        pairs=rt.pairs.results(namespace, name),
     )
     exe.scale.apply_status(seen.scales, seen.resolutions, status)
     for role in ROLES:
@@ -224,6 +229,40 @@ def probe_targets(
         not_before=now_monotonic,
         token=token,
     )
+
+
+def _update_pair_targets(
+    rt: Runtime,
+    pdd: PDDeployment,
+    namespace: str,
+    name: str,
+    records: Mapping[str, GroupRecord],
+    by_group: Mapping[GroupId, Sequence[Mapping[str, Any]]],
+) -> None:
+    """The pair prober's groups of this deployment: each group in service (Healthy, not a
+    spare) whose leader has an address, with its epoch and node; none while the pair
+    probe is off or a role has no group to pair."""
+    spec = pdd.spec.health.pair_probe
+    ends: dict[str, list[PairEnd]] = {"prefill": [], "decode": []}
+    for rec in sorted(records.values(), key=lambda r: (r.role, r.index)):
+        if not spec.enabled or not needs(rec).pair_probe:
+            continue
+        ip, node = leader_of(by_group.get((rec.role, rec.index), []), rec.epoch)
+        if ip:
+            port = c.PORT_BOOTSTRAP if rec.role == "prefill" else None
+            ends[rec.role].append(PairEnd(rec.index, rec.epoch, ip, node, port))
+    targets = None
+    if ends["prefill"] and ends["decode"]:
+        assert rt.deps is not None
+        targets = PairTargets(
+            (namespace, name),
+            tuple(ends["prefill"]),
+            tuple(ends["decode"]),
+            float(spec.period_seconds),
+            float(spec.timeout_seconds),
+            agent_token(rt.deps, pdd, namespace),
+        )
+    rt.pairs.set_targets(targets, (namespace, name))
 
 
 def _update_targets(

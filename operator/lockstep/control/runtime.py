@@ -15,6 +15,7 @@ import httpx
 from lockstep.clients.agent_client import AgentClient
 from lockstep.clients.kube import Kube
 from lockstep.clients.metrics import Metrics
+from lockstep.clients.pair_prober import PairBook
 from lockstep.clients.prober import ProbeBook
 from lockstep.clients.router_workers import RouterBook
 from lockstep.core.evidence import CaptureBook, EvidenceStore
@@ -50,6 +51,8 @@ class Memory:
     # Suspect nodes already told in an Event (`suspects`), and cordons the API refused.
     suspects: set[str] = field(default_factory=set)
     cordon_failed: set[str] = field(default_factory=set)
+    # Failing pairs already told in an Event (links at fault, or not explained yet).
+    pairs_told: set[tuple[int, int]] = field(default_factory=set)
     # The evidence captures of the open incidents (what each read), from the round that
     # read it while its group waits in CapturingEvidence.
     captures: CaptureBook = field(default_factory=CaptureBook)
@@ -68,6 +71,8 @@ class Runtime:
     evidence: EvidenceStore | None = None
     # spec.runtime.image when a PDDeployment leaves it unset (None: the builders' default).
     runtime_image: str | None = None
+    # The pair probe's targets and results (the KV hand-off between groups).
+    pairs: PairBook = field(default_factory=PairBook)
     # Rank states each group's next failed sample is judged against for progress.
     previous_ranks: dict[GroupKey, tuple[RankState, ...]] = field(default_factory=dict)
     # Keys of deployments whose groups the book probes (forget them when deleted).
@@ -103,6 +108,7 @@ class Runtime:
     def forget(self, namespace: str, name: str) -> None:
         """A deployment is gone: drop its targets, memory and evidence."""
         self.book.forget(namespace, name)
+        self.pairs.forget(namespace, name)
         self.known.discard((namespace, name))
         for key in [k for k in self.memory if k[:2] == (namespace, name)]:
             del self.memory[key]

@@ -23,6 +23,7 @@ from lockstep.api.models import (
     GroupStatus,
     Incident,
     OperatorStatus,
+    PairStatus,
     PDDeployment,
     PDDeploymentStatus,
     PolicyFinding,
@@ -32,6 +33,7 @@ from lockstep.api.models import (
 from lockstep.api.objects import label, rfc3339
 from lockstep.core.builders import group_runtime
 from lockstep.core.evidence import EvidenceEntry
+from lockstep.core.pairs import PairResult
 from lockstep.core.policy import PolicyResult
 from lockstep.core.recovery import GroupRecord, Step, status_state
 from lockstep.core.rolescale import role_scale_name
@@ -121,12 +123,13 @@ def derive_status(
     now: float,
     shape: Mapping[str, RoleShape] | None = None,
     leader: tuple[str, str | None] | None = None,
+    pairs: Sequence[PairResult] = (),
 ) -> dict[str, Any]:
     """The whole status of an accepted PDDeployment (see the module docstring).
     `shape`: each role's shape (`lockstep.core.shape`: its serving count and whose it is,
     the PDDeployment's or its PDRoleScale's, and its spares); default: the spec's.
     `leader`: the acting operator replica and since when (leader election), None with
-    one replica."""
+    one replica. `pairs`: the pair probe's recent tries (each pair's last is shown)."""
     gen = pdd.metadata.generation
     shape = shape or deployment_shape(pdd.spec)
     roles: dict[str, RoleStatus] = {}
@@ -208,7 +211,7 @@ def derive_status(
     broken = [
         f"{r.role}/{r.index}"
         for r in records.values()
-        if status_state(r) in ("Desynced", "Hung", "RankDown", "Suspect")
+        if status_state(r) in ("Desynced", "Hung", "RankDown", "TransferBroken", "Suspect")
     ]
     conditions = [
         condition(
@@ -304,9 +307,26 @@ def derive_status(
         open_incidents=sum(i.get("state") == "Open" for i in shown),
         incidents=[Incident.model_validate(i) for i in shown],
         findings=_findings(policy),
+        pairs=_pairs(pairs),
         operator=OperatorStatus(leader=leader[0], since=leader[1]) if leader else None,
     )
     return status.model_dump(by_alias=True, exclude_none=True)
+
+
+def _pairs(results: Sequence[PairResult]) -> list[PairStatus]:
+    """Each pair's last try, in pair order."""
+    latest = {r.key: r for r in sorted(results, key=lambda r: r.at)}
+    return [
+        PairStatus(
+            prefill=r.prefill,
+            decode=r.decode,
+            ok=r.ok,
+            time=rfc3339(r.at),
+            latency_ms=None if r.latency_s is None else round(r.latency_s * 1000, 3),
+            error=r.error,
+        )
+        for _, r in sorted(latest.items())
+    ]
 
 
 def invalid_status(
@@ -340,6 +360,11 @@ def _without_probe_freshness(status: Mapping[str, Any]) -> dict[str, Any]:
                 g["lastProbe"] = {k: v for k, v in probe.items() if k in ("ok", "error")}
             groups.append(g)
         out[role] = {**role_status, "groups": groups}
+    if isinstance(out.get("pairs"), list):
+        # A pair's state counts; when it was last tried, and how fast, only now and then.
+        out["pairs"] = [
+            {k: v for k, v in p.items() if k in ("prefill", "decode", "ok")} for p in out["pairs"]
+        ]
     return out
 
 

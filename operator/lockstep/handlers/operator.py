@@ -1,7 +1,7 @@
 """Every kopf handler of the operator, and nothing else: each delegates at once.
 
 - startup: settings (posting, scanning), the shared `Runtime` (with several replicas:
-  its clients fenced by the leader election, `lockstep.handlers.ha`), the prober task;
+  its clients fenced by the leader election, `lockstep.handlers.ha`), the probers' tasks (deep, pair);
 - indexes: the pods, Services, PDRoleScales and PodDisruptionBudgets of every
   PDDeployment (labelled with it), fed by kopf's watches: the control rounds read these
   caches, never list;
@@ -32,9 +32,11 @@ from kubernetes import client as k8s
 from lockstep.api import constants as c
 from lockstep.clients.kube import FencedApiClient, Kube, api_client
 from lockstep.clients.metrics import Metrics
+from lockstep.clients.pair_prober import DeploymentKey, PairProber
 from lockstep.clients.prober import ProbeBook, Prober, ProbeSample
 from lockstep.control import Runtime, run_round, settled
 from lockstep.core.maintenance import NodeState
+from lockstep.core.pairs import PairResult
 from lockstep.core.records import ANNOTATION_RESTART
 from lockstep.core.rolescale import PLURAL as ROLE_SCALES
 from lockstep.handlers.ha import fence_hook
@@ -68,7 +70,7 @@ class Wakers:
 
 @kopf.on.startup()
 async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Configure kopf, build the runtime and start the prober."""
+    """Configure kopf, build the runtime and start the probers (deep and pair)."""
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60
     settings.persistence.finalizer = f"{c.GROUP}/finalizer"
@@ -120,20 +122,30 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         if not sample.ok or not settled(rt, sample.key):
             wakers.wake(sample.key[0], sample.key[1])
 
+    def on_pair(key: DeploymentKey, result: PairResult) -> None:
+        metrics.pair_probes.labels(key[0], key[1], "ok" if result.ok else "failed").inc()
+        if result.ok and result.latency_s is not None:
+            metrics.pair_probe_latency.labels(key[0], key[1]).observe(result.latency_s)
+        else:
+            wakers.wake(key[0], key[1])  # a failed hand-off is judged at once
+
     prober = Prober(book, client, on_sample=on_sample)
+    pair_prober = PairProber(rt.pairs, client, on_result=on_pair)
     stop = asyncio.Event()
     memo["prober_stop"] = stop
     memo["prober_task"] = asyncio.create_task(prober.run(stop))
+    memo["pair_prober_task"] = asyncio.create_task(pair_prober.run(stop))
     memo["prober_client"] = client
 
 
 @kopf.on.cleanup()
 async def operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the prober."""
+    """Stop the probers."""
     stop = memo.get("prober_stop")
     if stop is not None:
         stop.set()
         await asyncio.wait_for(memo["prober_task"], timeout=10)
+        await asyncio.wait_for(memo["pair_prober_task"], timeout=10)
         await memo["prober_client"].aclose()
 
 

@@ -169,11 +169,14 @@ def stream_checks(streams: CaughtStreams, key: str = AFFECTED) -> tuple[bool, st
 
 
 def failover_checks(
-    drill: Drill, inc: Mapping[str, Any], streams: CaughtStreams
+    drill: Drill, inc: Mapping[str, Any], streams: CaughtStreams | None, key: str = AFFECTED
 ) -> list[tuple[bool, str]]:
-    """What the users of the served model saw of the incident: every request caught
-    by it ended 200, none waited long past the verdict, the stream it cut ended with
-    a visible error, and the groups that stayed hold nothing of it afterwards."""
+    """What the users of the served model saw of the incident in group `key`: every
+    request caught by it ended 200, none waited long past the verdict, the stream it cut
+    ended with a visible error (`streams`; None: no stream was aimed at it), and the
+    groups that stayed hold nothing of it afterwards."""
+    aimed = streams is not None
+    streams = streams or CaughtStreams()
     assert drill.traffic is not None
     r = drill.result
     verdict_at = ts(inc.get("detectedTime")) or time.time()
@@ -187,7 +190,7 @@ def failover_checks(
         streams.received = frozenset(
             a.prompt
             for a in request_log_arrivals(drill.workdir / "kubelet", NAMESPACE, NAME)
-            if a.prompt and f"{a.role}/{a.group}" == AFFECTED
+            if a.prompt and f"{a.role}/{a.group}" == key
         )
     caught = [o for o in drill.traffic.outcomes_between(0.0, drained) if o.ended_at > injected]
     waits = [o.ended_at - verdict_at for o in caught if o.ended_at > verdict_at]
@@ -223,8 +226,8 @@ def failover_checks(
     }
     r.failover.append(figures)
     bound = PAST_VERDICT_BOUND_S[drill.engine]
-    stayed = {k: v for k, v in now.items() if k != AFFECTED}
-    return [
+    stayed = {k: v for k, v in now.items() if k != key}
+    checks = [
         (settled, "requests still in flight two minutes after the incident"),
         (
             all(o.ok for o in caught),
@@ -235,9 +238,9 @@ def failover_checks(
             longest <= bound,
             f"a request caught by the incident waited {longest}s past the verdict (bound {bound}s)",
         ),
-        stream_checks(streams),
         (
-            all(stayed.get(k) == v for k, v in drill.idle_loads.items() if k != AFFECTED),
+            all(stayed.get(k) == v for k, v in drill.idle_loads.items() if k != key),
             f"the groups that stayed hold what they held before: {drill.idle_loads} -> {now}",
         ),
     ]
+    return [*checks, stream_checks(streams, key)] if aimed else checks

@@ -13,9 +13,8 @@ the router is always on: a real PD decode server serves only with the prefill bo
 the router adds. Only the scenarios that list the engine (`REAL_SGLANG_SCENARIOS`) run
 on it.
 
-With `router=True` the deployment's real sglang-router runs too (as the operator renders
-it) and every request goes through it; the figures then say what the router did around
-the drain (see `lockstep_dev.drills.figures`).
+With `router=True` the real sglang-router runs too (as the operator renders it), every
+request goes through it, and the figures say what it did around the drain (`figures`).
 """
 
 from __future__ import annotations
@@ -133,6 +132,7 @@ class Drill:
         self.result = DrillResult(
             scenario, router=router, recovery_mode=recovery_mode, engine=engine
         )
+        self.watched = AFFECTED  # the group whose drain `drained_at` notes
         self.drained_at: float | None = None
         self.readmitted_at: float | None = None
         self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
@@ -257,7 +257,7 @@ class Drill:
         # Only after the injection: while the deployment starts, its groups pass through
         # the same steps (Creating, WaitingProbe, Readmitting).
         if self.drained_at is None and self.result.injected_at is not None:
-            step = recs.get(AFFECTED, {}).get("step")
+            step = recs.get(self.watched, {}).get("step")
             if step in ("CapturingEvidence", "AwaitingRestart", *RESTARTING_STEPS):
                 self.drained_at = time.time()
 

@@ -17,6 +17,7 @@ from lockstep_dev.drills.scenarios import (
     hang,
     node_drain,
     operator_crash,
+    pd_path,
     pod_delete,
     rank_kill,
     scale,
@@ -53,6 +54,7 @@ REGISTRY = MappingProxyType(
             capacity.SCENARIO,
             upgrade.SCENARIO,
             ha.SCENARIO,
+            pd_path.SCENARIO,
         )
     }
 )

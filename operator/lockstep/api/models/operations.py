@@ -73,6 +73,19 @@ class StepBoundsSpec(CRDModel):
     )
 
 
+class PairProbeSpec(CRDModel):
+    """The pair probe: the KV hand-off between a prefill group and a decode group, tried
+    with a one-token request of the operator's own (its own bootstrap room, pinned to one
+    group of each role, a short deadline), each group against a rotating peer: max(N, M)
+    tries a period for N prefill and M decode groups (docs/pd-path.md)."""
+
+    enabled: bool = Field(True, description="Probe the PD path between groups.")
+    period_seconds: int = Field(3, ge=1, le=3600, description="Pair probe period.")
+    timeout_seconds: int = Field(
+        4, ge=1, le=600, description="A try's deadline: the hand-off and its one token."
+    )
+
+
 class HealthSpec(CRDModel):
     """The deep probe: a no-op collective across every rank of a group."""
 
@@ -87,6 +100,10 @@ class HealthSpec(CRDModel):
     step_bounds: StepBoundsSpec = Field(
         default_factory=StepBoundsSpec,
         description="How long a model step may run before a group without progress is Hung.",
+    )
+    pair_probe: PairProbeSpec = Field(
+        default_factory=PairProbeSpec,
+        description="The PD path between prefill and decode groups, probed as a unit.",
     )
 
 

@@ -19,6 +19,7 @@ GroupState = Literal[
     "Desynced",
     "Hung",
     "RankDown",
+    "TransferBroken",
     "Recovering",
     "Moving",
     "Unschedulable",
@@ -102,7 +103,7 @@ class Incident(CRDModel):
     role: Literal["prefill", "decode"] = Field(description="Role of the group.")
     group: int = Field(ge=0, description="Group number.")
     epoch: int = Field(ge=0, description="The epoch that broke.")
-    verdict: str = Field(description="Desynced, Hung or RankDown.")
+    verdict: str = Field(description="Desynced, Hung, RankDown or TransferBroken.")
     state: Literal["Open", "Closed"] = Field("Open", description="Open until re-admitted.")
     action: str = Field("", description="What the operator did.")
     restart_mode: Literal["InPlace", "Recreate"] | None = Field(
@@ -155,6 +156,17 @@ class OperatorStatus(CRDModel):
     since: str | None = Field(None, description="When it became the leader (RFC 3339).")
 
 
+class PairStatus(CRDModel):
+    """The last try of one prefill/decode pair's KV hand-off (the pair probe)."""
+
+    prefill: int = Field(ge=0, description="Prefill group.")
+    decode: int = Field(ge=0, description="Decode group.")
+    ok: bool = Field(description="The hand-off and its token came back within the deadline.")
+    time: str = Field(description="When the try ended (RFC 3339).")
+    latency_ms: float | None = Field(None, description="Round trip of a try that passed.")
+    error: str | None = Field(None, description="What each half said, when it failed.")
+
+
 class PDDeploymentStatus(CRDModel):
     """Observed state, written by the operator."""
 
@@ -170,6 +182,11 @@ class PDDeploymentStatus(CRDModel):
     )
     findings: list[PolicyFinding] = Field(
         default_factory=list, description="Flag policy findings for the current spec."
+    )
+    pairs: list[PairStatus] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Each prefill/decode pair's last hand-off (the pair probe).",
     )
     operator: OperatorStatus | None = Field(
         None, description="The operator replica that acts (several replicas: the elected one)."

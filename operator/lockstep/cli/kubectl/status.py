@@ -87,7 +87,22 @@ def status_view(pdd: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: 
             {k: f.get(k) for k in ("rule", "severity", "field", "action")}
             for f in status.get("findings") or []
         ],
+        "pairs": [
+            {
+                "pair": f"prefill/{p.get('prefill')} -> decode/{p.get('decode')}",
+                "ok": p.get("ok"),
+                "latencyMs": p.get("latencyMs"),
+                "ageSeconds": _age(p.get("time"), now),
+                "error": p.get("error"),
+            }
+            for p in status.get("pairs") or []
+        ],
     }
+
+
+def _age(stamp: object, now: float) -> float | None:
+    at = parse_time(stamp)
+    return None if at is None else round(now - at, 1)
 
 
 def format_status(view: Mapping[str, Any]) -> str:
@@ -145,6 +160,19 @@ def format_status(view: Mapping[str, Any]) -> str:
             cond["message"] or "-",
         )
     parts: list[RenderableType] = [head, "", groups, "", conditions]
+    if view["pairs"]:
+        # The pair probe's last try of each prefill/decode pair (the KV hand-off).
+        pairs = _table("PAIR", "HAND-OFF", "LATENCY", "TRIED", "ERROR")
+        for p in view["pairs"]:
+            latency, age = p["latencyMs"], p["ageSeconds"]
+            pairs.add_row(
+                p["pair"],
+                "ok" if p["ok"] else "failed",
+                "-" if latency is None else f"{latency:.1f}ms",
+                "-" if age is None else f"{human_duration(age)} ago",
+                p["error"] or "-",
+            )
+        parts += ["", pairs]
     if view["findings"]:
         rules = ", ".join(f"{f['rule']} ({f['field']}, {f['action']})" for f in view["findings"])
         parts += ["", f"Flag policy: {rules}; kubectl describe pdd {view['name']} says why"]

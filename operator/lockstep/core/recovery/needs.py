@@ -42,6 +42,7 @@ class GroupNeeds:
     guarded: bool  # has a disruption budget (not quarantined, not a spare)
     settled: bool  # Healthy and not failing: a passing probe changes nothing
     quarantined: bool  # waits for a person (the Degraded condition, the metric)
+    pair_probe: bool  # serving and Healthy: its KV hand-off with the other role is tried
 
 
 def needs(record: GroupRecord) -> GroupNeeds:
@@ -59,6 +60,7 @@ def needs(record: GroupRecord) -> GroupNeeds:
         guarded=step is not Step.QUARANTINED and not record.spare,
         settled=step is Step.HEALTHY and not record.detection.failures,
         quarantined=step is Step.QUARANTINED,
+        pair_probe=step is Step.HEALTHY and not record.spare,
     )
 
 

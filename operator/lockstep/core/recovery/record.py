@@ -337,6 +337,7 @@ _VERDICT_STATE: dict[Verdict, GroupState] = {
     Verdict.DESYNCED: "Desynced",
     Verdict.HUNG: "Hung",
     Verdict.RANK_DOWN: "RankDown",
+    Verdict.TRANSFER_BROKEN: "TransferBroken",
 }
 
 

@@ -106,6 +106,7 @@ class Reason(StrEnum):
     DESYNCED = "GroupDesynced"
     HUNG = "GroupHung"
     RANK_DOWN = "GroupRankDown"
+    TRANSFER_BROKEN = "GroupTransferBroken"
     UNRESPONSIVE = "GroupUnresponsive"
     RESTART_REQUESTED = "GroupRestartRequested"
     RESTART_REFUSED = "RestartRefused"
@@ -137,6 +138,7 @@ VERDICT_REASON = {
     Verdict.DESYNCED: Reason.DESYNCED,
     Verdict.HUNG: Reason.HUNG,
     Verdict.RANK_DOWN: Reason.RANK_DOWN,
+    Verdict.TRANSFER_BROKEN: Reason.TRANSFER_BROKEN,
     Verdict.UNKNOWN: Reason.UNRESPONSIVE,
 }
 

@@ -51,6 +51,7 @@ from lockstep.core.verdicts.facts import (
     clip_evidence,
 )
 from lockstep.core.verdicts.judge import classify_group, divergence_cause, progress_baseline
+from lockstep.core.verdicts.pairs import PairJudgement, classify_pairs
 from lockstep.core.verdicts.pods import (
     REFUSAL_REASONS,
     not_up_in_time,
@@ -72,6 +73,7 @@ __all__ = [
     "GroupObservation",
     "GroupVerdict",
     "Outlier",
+    "PairJudgement",
     "PodView",
     "ProbeOutcome",
     "ProbeStatus",
@@ -80,6 +82,7 @@ __all__ = [
     "StepBounds",
     "Verdict",
     "classify_group",
+    "classify_pairs",
     "clip_evidence",
     "divergence_cause",
     "not_up_in_time",

@@ -26,6 +26,9 @@ class Verdict(StrEnum):
     DESYNCED = "Desynced"
     HUNG = "Hung"
     RANK_DOWN = "RankDown"
+    # The group's TP ranks may be fine, but its KV hand-off fails with every peer of the
+    # other role it was paired with (`lockstep.core.verdicts.pairs`).
+    TRANSFER_BROKEN = "TransferBroken"
     UNKNOWN = "Unknown"
 
     @property
@@ -56,6 +59,7 @@ class Signal(StrEnum):
     DIFFERENT_DECISIONS = "different-decisions"
     SAME_COLLECTIVE = "same-collective"
     NO_PROGRESS = "no-progress"
+    PAIR_FAILED = "pair-failed"  # a pair probe's hand-off did not go through
 
 
 # OS states of a rank process that will not move until someone resumes it.

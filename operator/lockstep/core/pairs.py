@@ -1,0 +1,88 @@
+"""The PD path as a unit of health: which prefill/decode pairs the pair probe tries, and
+what a try found.
+
+A TP group can pass its deep probe while the KV hand-off between a prefill group and a
+decode group is broken (the prefill's bootstrap server, its KV sender, the transfer
+engine, the KV the decode pre-allocates and waits for). The pair probe checks that path
+the way the router pairs requests: one tiny request (one token, a bootstrap room of its
+own) sent to one prefill group's leader and one decode group's leader at once, with a
+short deadline (`lockstep.clients.pair_prober`).
+
+It stays cheap as a deployment grows: with N prefill and M decode groups, a period tries
+max(N, M) pairs, not N x M: every group is in at least one pair, and the peers rotate
+from one period to the next (`plan_pairs`), so each group meets every peer within
+min(N, M)..max(N, M) periods. Which side is at fault is judged from the pattern
+(`lockstep.core.verdicts.pairs`). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PairKey = tuple[int, int]  # (prefill group, decode group)
+# The request id prefix of a pair probe's halves (requests lists, logs).
+PROBE_RID_PREFIX = "lockstep-pair-"
+
+
+@dataclass(frozen=True)
+class PairEnd:
+    """One side of a pair as the probe reaches it: the group, the epoch its leader runs,
+    its leader's address (and, on a prefill, its bootstrap port) and its node."""
+
+    group: int
+    epoch: int
+    ip: str
+    node: str | None = None
+    bootstrap_port: int | None = None
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """One try of a pair: whether the hand-off went through within the deadline, how
+    long it took, and what each half answered (None: it did not fail)."""
+
+    prefill: int
+    decode: int
+    prefill_epoch: int
+    decode_epoch: int
+    ok: bool
+    at: float  # wall time when the try ended
+    latency_s: float | None = None
+    prefill_error: str | None = None
+    decode_error: str | None = None
+    room: int | None = None
+    # When the period this try belongs to began (every try of a period shares it; the
+    # judge reads a group's tries period by period). None: the try's own end.
+    started: float | None = None
+
+    @property
+    def period(self) -> float:
+        """The period this try belongs to (its start)."""
+        return self.at if self.started is None else self.started
+
+    @property
+    def key(self) -> PairKey:
+        return (self.prefill, self.decode)
+
+    @property
+    def error(self) -> str | None:
+        """What went wrong, both halves' words (None: it went through)."""
+        parts = [
+            f"prefill: {self.prefill_error}" if self.prefill_error else "",
+            f"decode: {self.decode_error}" if self.decode_error else "",
+        ]
+        text = "; ".join(p for p in parts if p)
+        return None if self.ok else (text or "failed")
+
+
+def plan_pairs(prefills: Sequence[int], decodes: Sequence[int], turn: int) -> list[PairKey]:
+    """The pairs one period tries: max(N, M) of them, every group in at least one, the
+    peers shifted by `turn` (the period's number) so they rotate. With N = M each group
+    is in exactly one pair; otherwise the smaller role's groups are in several."""
+    if not prefills or not decodes:
+        return []
+    p, d = sorted(prefills), sorted(decodes)
+    n = max(len(p), len(d))
+    pairs = {(p[i % len(p)], d[(i + turn) % len(d)]) for i in range(n)}
+    return sorted(pairs)

@@ -1,0 +1,271 @@
+"""The PD path as a unit of health (issue 37): which pairs the pair probe tries each
+period, and the judge that says from their pattern which side is at fault."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+from typing import Any
+
+import httpx
+import pytest
+
+from lockstep.clients.pair_prober import PairBook, PairProber, PairTargets
+from lockstep.core.pairs import PROBE_RID_PREFIX, PairEnd, PairResult, plan_pairs
+from lockstep.core.verdicts import Signal, Verdict, classify_pairs
+
+pytestmark = pytest.mark.unit
+
+WINDOW = 60.0
+
+
+@pytest.mark.parametrize(("n", "m"), [(1, 1), (1, 2), (2, 1), (2, 2), (2, 3), (3, 5), (8, 8)])
+def test_a_period_tries_max_n_m_pairs_covering_every_group_and_peers_rotate(n: int, m: int) -> None:
+    prefills, decodes = list(range(n)), list(range(m))
+    met: set[tuple[int, int]] = set()
+    for turn in range(n * m):
+        pairs = plan_pairs(prefills, decodes, turn)
+        assert len(pairs) <= max(n, m)
+        assert {p for p, _ in pairs} == set(prefills) and {d for _, d in pairs} == set(decodes)
+        met |= set(pairs)
+    # Over enough periods every group meets every peer.
+    assert met == set(itertools.product(prefills, decodes))
+
+
+def test_no_pair_without_both_roles() -> None:
+    assert plan_pairs([0], [], 0) == [] and plan_pairs([], [0, 1], 3) == []
+
+
+def tried(p: int, d: int, ok: bool, period: float, error: str = "timed out") -> PairResult:
+    """A try of the period that began at `period` (it ended a little later)."""
+    at = period + (0.05 if ok else 4.0)
+    return PairResult(
+        p, d, 0, 0, ok, at, 0.01 if ok else None, decode_error=None if ok else error,
+        room=int(at * 100), started=period,
+    )  # fmt: skip
+
+
+EPOCHS = {("prefill", 0): 0, ("prefill", 1): 0, ("decode", 0): 0, ("decode", 1): 0}
+DEEP: dict[tuple[str, int], float | None] = dict.fromkeys(EPOCHS, 100.0)  # TP paths pass
+
+
+def test_a_prefill_failing_with_both_decodes_in_two_periods_is_at_fault_and_they_are_not() -> None:
+    # Two prefill groups, two decode groups: each period pairs each group once, rotating.
+    first = [tried(0, 0, False, 1.0), tried(1, 1, True, 1.0)]
+    judged = classify_pairs(first, EPOCHS, 5.5, WINDOW, deep=DEEP)
+    assert judged.verdicts == {} and judged.unexplained == () and judged.links == ()
+    again = [*first, tried(0, 1, False, 5.0), tried(1, 0, True, 5.0)]
+    judged = classify_pairs(again, EPOCHS, 9.5, WINDOW, deep=DEEP)
+    assert set(judged.verdicts) == {("prefill", 0)}
+    v = judged.verdicts[("prefill", 0)]
+    assert v.verdict is Verdict.TRANSFER_BROKEN and v.immediate and v.epoch == 0
+    assert Signal.PAIR_FAILED in v.signals and "decode/0, decode/1" in v.reason
+    assert judged.links == () and judged.unexplained == ()
+
+
+def test_one_failed_period_is_not_enough_even_with_every_peer() -> None:
+    # One prefill, two decodes: one period tries both; one slow period is not a verdict.
+    judged = classify_pairs(
+        [tried(0, 0, False, 1.0), tried(0, 1, False, 1.0)], EPOCHS, 6, WINDOW, deep=DEEP
+    )
+    assert judged.verdicts == {} and judged.unexplained == ()
+    judged = classify_pairs(
+        [tried(0, 0, False, 1.0), tried(0, 1, True, 1.0)], EPOCHS, 6, WINDOW, deep=DEEP
+    )
+    assert judged.verdicts == {}
+
+
+def test_a_decode_failing_with_a_prefill_that_passes_elsewhere_is_at_fault_on_the_second_period() -> (
+    None
+):
+    # The failed try ends last (at its deadline): the prefill still passes by its period.
+    first = [tried(0, 0, False, 1.0), tried(0, 1, True, 1.0)]
+    assert classify_pairs(first, EPOCHS, 5.5, WINDOW, deep=DEEP).verdicts == {}
+    again = [*first, tried(0, 0, False, 5.0), tried(0, 1, True, 5.0)]
+    judged = classify_pairs(again, EPOCHS, 9.5, WINDOW, deep=DEEP)
+    assert set(judged.verdicts) == {("decode", 0)}
+    assert "prefill/0" in judged.verdicts[("decode", 0)].reason
+
+
+def test_a_single_pair_failing_while_both_pass_elsewhere_is_the_link() -> None:
+    results = [
+        tried(0, 0, False, 1.0),
+        tried(1, 1, True, 1.0),
+        tried(0, 1, True, 5.0),
+        tried(1, 0, True, 5.0),
+    ]
+    nodes = {("prefill", 0): "node-a", ("decode", 0): "node-b"}
+    judged = classify_pairs(results, EPOCHS, 6.0, WINDOW, nodes, deep=DEEP)
+    assert judged.verdicts == {} and judged.links == (((0, 0), "node-a", "node-b"),)
+    # The same pair failing again (each of its groups passing in the period between)
+    # is still the link, never either group.
+    more = [*results, tried(0, 0, False, 6.0), tried(1, 1, True, 6.0)]
+    more += [tried(0, 1, True, 10.0), tried(1, 0, True, 10.0)]
+    judged = classify_pairs(more, EPOCHS, 11.0, WINDOW, nodes, deep=DEEP)
+    assert judged.verdicts == {} and judged.links == (((0, 0), "node-a", "node-b"),)
+
+
+def test_a_group_that_failed_its_first_period_is_not_a_link_yet() -> None:
+    # Before the fault both passed; now prefill/0 failed once: not named a link.
+    results = [tried(0, 0, True, 1.0), tried(1, 1, True, 1.0), tried(0, 1, False, 2.0)]
+    results.append(tried(1, 0, True, 2.0))
+    judged = classify_pairs(results, EPOCHS, 6.5, WINDOW, deep=DEEP)
+    assert judged.links == () and judged.verdicts == {}
+
+
+def test_one_of_each_role_failing_is_unexplained_not_acted_on() -> None:
+    epochs = {("prefill", 0): 0, ("decode", 0): 0}
+    judged = classify_pairs([tried(0, 0, False, 1.0)], epochs, 5.5, WINDOW, deep=DEEP)
+    assert judged.unexplained == ()  # once: not told yet
+    judged = classify_pairs(
+        [tried(0, 0, False, t) for t in (1.0, 5.0, 9.0)], epochs, 14, WINDOW, deep=DEEP
+    )
+    assert judged.verdicts == {} and judged.unexplained == ((0, 0),)
+
+
+def test_a_pass_after_the_failures_clears_the_group_and_old_epochs_and_tries_do_not_count() -> None:
+    broken = [tried(0, 0, False, 1.0), tried(0, 1, False, 1.0)]
+    broken += [tried(0, 1, False, 5.0), tried(0, 0, False, 5.0)]
+    assert set(classify_pairs(broken, EPOCHS, 9.5, WINDOW, deep=DEEP).verdicts) == {("prefill", 0)}
+    healed = [*broken, tried(0, 0, True, 9.0), tried(0, 1, True, 9.0)]
+    assert classify_pairs(healed, EPOCHS, 9.5, WINDOW, deep=DEEP).verdicts == {}
+    restarted = {**EPOCHS, ("prefill", 0): 1}  # the prefill's next epoch runs now
+    assert classify_pairs(broken, restarted, 9.5, WINDOW, deep=DEEP).verdicts == {}
+    assert classify_pairs(broken, EPOCHS, 9.0 + WINDOW + 1, WINDOW, deep=DEEP).verdicts == {}
+
+
+def test_a_hung_decode_is_left_to_the_tp_judge_and_its_prefill_is_not_blamed() -> None:
+    # One prefill, two decodes; decode/1 hangs: its deep probe fails and every pair it is
+    # in fails too. It must be judged Hung by the TP judge, not TransferBroken here.
+    epochs = {("prefill", 0): 0, ("decode", 0): 0, ("decode", 1): 0}
+    results = [tried(0, 0, True, t) for t in (1.0, 5.0)]
+    results += [tried(0, 1, False, t) for t in (1.0, 5.0)]
+    blind = dict.fromkeys(epochs, 100.0)
+    assert set(classify_pairs(results, epochs, 9.5, WINDOW, deep=blind).verdicts) == {("decode", 1)}
+    hung = {**blind, ("decode", 1): None}
+    judged = classify_pairs(results, epochs, 9.5, WINDOW, deep=hung)
+    assert judged.verdicts == {} and judged.links == () and judged.unexplained == ()
+
+
+def test_a_group_at_fault_waits_for_a_deep_probe_that_began_after_its_last_failed_period() -> None:
+    broken = [tried(0, 0, False, 1.0), tried(0, 1, False, 1.0)]
+    broken += [tried(0, 1, False, 5.0), tried(0, 0, False, 5.0)]
+    before = {**DEEP, ("prefill", 0): 4.0}  # passed, but before the second failed period
+    judged = classify_pairs(broken, EPOCHS, 9.5, WINDOW, deep=before)
+    assert judged.verdicts == {} and judged.unexplained == () and judged.links == ()
+    after = {**DEEP, ("prefill", 0): 6.0}
+    judged = classify_pairs(broken, EPOCHS, 9.5, WINDOW, deep=after)
+    assert set(judged.verdicts) == {("prefill", 0)}
+    unprobed = {g: t for g, t in DEEP.items() if g != ("prefill", 0)}  # no deep probe yet
+    assert classify_pairs(broken, EPOCHS, 9.5, WINDOW, deep=unprobed).verdicts == {}
+
+
+# ------------------------------------------------------------------ the pair prober
+
+
+def _prober(handler: Any, clock: list[float]) -> tuple[PairProber, PairBook]:
+    book = PairBook()
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    prober = PairProber(
+        book, client, clock=lambda: clock[0], wall_clock=lambda: 1000.0 + clock[0],
+        rng=random.Random(7),
+    )  # fmt: skip
+    return prober, book
+
+
+def _targets(prefills: int = 1, decodes: int = 2) -> PairTargets:
+    return PairTargets(
+        ("ns", "d"),
+        tuple(PairEnd(i, 1, f"10.0.0.{i + 1}", f"node-p{i}", 8998) for i in range(prefills)),
+        tuple(PairEnd(i, 1, f"10.0.1.{i + 1}", f"node-d{i}") for i in range(decodes)),
+        period=3.0,
+        timeout=2.0,
+        token="tok",
+    )
+
+
+def test_a_try_sends_both_halves_the_prefills_bootstrap_and_one_token() -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append((str(req.url), json.loads(req.content)))
+        return httpx.Response(200, json={"text": "x"})
+
+    prober, _ = _prober(handler, [0.0])
+    t = _targets(1, 1)
+    result = asyncio.run(prober.try_pair(t, t.prefills[0], t.decodes[0]))
+    assert result.ok and result.key == (0, 0) and result.latency_s is not None
+    urls = sorted(u for u, _ in seen)
+    assert urls == ["http://10.0.0.1:30000/generate", "http://10.0.1.1:30000/generate"]
+    bodies = [b for _, b in seen]
+    assert bodies[0] == bodies[1]  # one request, both halves, as the router sends it
+    body = bodies[0]
+    assert body["bootstrap_host"] == "10.0.0.1" and body["bootstrap_port"] == 8998
+    assert body["bootstrap_room"] == result.room
+    assert body["rid"] == f"{PROBE_RID_PREFIX}{result.room}"
+    assert body["sampling_params"]["max_new_tokens"] == 1
+
+
+def test_a_failed_try_asks_the_bootstrap_and_ends_both_halves_of_its_room() -> None:
+    seen: list[tuple[str, str, dict[str, Any] | None]] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        body = json.loads(req.content) if req.content else None
+        seen.append((req.method, str(req.url), body))
+        if req.url.path == "/generate":
+            raise httpx.ReadTimeout("slow", request=req)
+        if req.url.path == "/health":
+            raise httpx.ConnectError("refused", request=req)
+        assert req.headers["Authorization"] == "Bearer tok"
+        return httpx.Response(200, json={"aborted": []})
+
+    prober, _ = _prober(handler, [0.0])
+    t = _targets(1, 1)
+    result = asyncio.run(prober.try_pair(t, t.prefills[0], t.decodes[0]))
+    assert not result.ok and result.latency_s is None
+    assert result.decode_error == "no answer within 2s"
+    assert result.prefill_error is not None
+    assert result.prefill_error.startswith("bootstrap server 10.0.0.1:8998 not answering")
+    aborts = [(u, b) for m, u, b in seen if u.endswith("/lockstep/abort")]
+    assert sorted(u for u, _ in aborts) == [
+        "http://10.0.0.1:30000/lockstep/abort",
+        "http://10.0.1.1:30000/lockstep/abort",
+    ]
+    assert all(b is not None and b["rooms"] == [result.room] for _, b in aborts)
+    assert ("GET", "http://10.0.0.1:8998/health", None) in seen
+
+
+def test_periods_run_at_their_period_and_again_at_once_after_a_failure() -> None:
+    clock = [0.0]
+    failing = {"on": False}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/generate" and failing["on"] and req.url.host == "10.0.0.1":
+            return httpx.Response(500, json={"error": "transfer failed"})
+        return httpx.Response(200, json={})
+
+    prober, book = _prober(handler, clock)
+    book.set_targets(_targets(1, 2), ("ns", "d"))
+    sem = asyncio.Semaphore(4)
+
+    async def period() -> list[PairTargets]:
+        due = prober.due()
+        for t in due:
+            prober._inflight.add(t.key)
+            await prober._period(sem, t)
+        return due
+
+    assert len(asyncio.run(period())) == 1  # the first is due at once: max(1, 2) tries
+    assert [r.key for r in book.results("ns", "d")] == [(0, 0), (0, 1)]
+    clock[0] = 1.0
+    assert asyncio.run(period()) == []  # not yet: the period is about 3 s
+    clock[0] = 4.0
+    failing["on"] = True
+    assert len(asyncio.run(period())) == 1
+    assert [r.ok for r in book.results("ns", "d")][-2:] == [False, False]
+    # After a failure the next period is due at once (the judge needs a second try).
+    assert len(asyncio.run(period())) == 1
+    book.forget("ns", "d")
+    assert book.results("ns", "d") == [] and prober.due() == []
