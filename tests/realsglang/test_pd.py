@@ -1,17 +1,23 @@
 """Prefill/decode disaggregation on the real SGLang 0.5.23 server with lockstep's hooks:
-a prefill and a decode server (mooncake over TCP) behind the real sglang-router."""
+a prefill and a decode server (mooncake over TCP) behind the real sglang-router, and the
+operator's pair probe on the same pair."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
-from server import TOKEN, RealServer, wait_for
+from server import HOST, TOKEN, RealServer, free_port, wait_for
+
+from lockstep.clients.pair_prober import PairBook, PairProber, PairTargets
+from lockstep.core.pairs import PairEnd, PairResult
 
 pytestmark = pytest.mark.timeout(420)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -43,6 +49,34 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
         assert server.probe().status_code == 200
     kinds = {r["last_decision"]["kind"] for s in (prefill, decode) for r in s.ranks()["ranks"]}
     assert kinds <= {"batch", "idle"}
+
+    # The operator's pair probe on the same pair: its own one-token request to both
+    # leaders at once, as the router pairs one; it passes and leaves nothing held.
+    p_end = PairEnd(0, 0, HOST, bootstrap_port=prefill.bootstrap_port, port=prefill.port)
+    d_end = PairEnd(0, 0, HOST, port=decode.port)
+    tried = _try_pair(p_end, d_end)
+    assert tried.ok and tried.latency_s is not None, tried
+    print(f"pair probe on the real engine: {tried.latency_s * 1000:.0f} ms")
+    wait_for(lambda: _held(prefill) == [] and _held(decode) == [], 30, "nothing held")
+    # The decode sent to a bootstrap server that does not answer: the try fails, names the
+    # bootstrap server, and ends both halves of its room (the prefill half would otherwise
+    # wait SGLang's 300 s for a decode that never comes).
+    silent = _try_pair(replace(p_end, bootstrap_port=free_port()), d_end)
+    assert not silent.ok and "not answering" in (silent.prefill_error or ""), silent
+    wait_for(lambda: _held(prefill) == [] and _held(decode) == [], 30, "nothing held")
+    wait_for(lambda: _busy(_load(prefill)) == 0 == _busy(_load(decode)), 60, "both idle")
+    assert _try_pair(p_end, d_end).ok
+
+
+def _try_pair(p: PairEnd, d: PairEnd, timeout_s: float = 4.0) -> PairResult:
+    """One try of the operator's pair probe (its defaults' deadline)."""
+
+    async def go() -> PairResult:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            targets = PairTargets(("ns", "d"), (), (), period=3.0, timeout=timeout_s, token=TOKEN)
+            return await PairProber(PairBook(), client).try_pair(targets, p, d)
+
+    return asyncio.run(go())
 
 
 def _held(server: RealServer) -> list[dict[str, Any]]:

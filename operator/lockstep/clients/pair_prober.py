@@ -33,7 +33,6 @@ from typing import Any
 
 import httpx
 
-from lockstep.api import constants as c
 from lockstep.core.pairs import PROBE_RID_PREFIX, PairEnd, PairResult, plan_pairs
 
 DeploymentKey = tuple[str, str]  # namespace, deployment
@@ -182,8 +181,8 @@ class PairProber:
         }
         start, timeout = self.clock(), targets.timeout
         errors = await asyncio.gather(
-            self._half(f"http://{p.ip}:{c.PORT_HTTP}/generate", body, timeout),
-            self._half(f"http://{d.ip}:{c.PORT_HTTP}/generate", body, timeout),
+            self._half(f"http://{p.ip}:{p.port}/generate", body, timeout),
+            self._half(f"http://{d.ip}:{d.port}/generate", body, timeout),
         )
         latency = self.clock() - start
         prefill_error, decode_error = errors
@@ -194,7 +193,7 @@ class PairProber:
                 prefill_error = f"{bootstrap}; {prefill_error}" if prefill_error else bootstrap
             # Neither half may go on holding what it reserved for this room.
             await asyncio.gather(
-                *(self._abort(e.ip, room, targets.token) for e in (p, d)),
+                *(self._abort(e, room, targets.token) for e in (p, d)),
             )
         return PairResult(
             p.group,
@@ -234,11 +233,11 @@ class PairProber:
             return f"bootstrap server {p.ip}:{p.bootstrap_port} answered HTTP {resp.status_code}"
         return None
 
-    async def _abort(self, ip: str, room: int, token: str) -> None:
+    async def _abort(self, end: PairEnd, room: int, token: str) -> None:
         # A leader that does not answer holds nothing we can end.
         with contextlib.suppress(httpx.HTTPError):
             await self.client.post(
-                f"http://{ip}:{c.PORT_HTTP}/lockstep/abort",
+                f"http://{end.ip}:{end.port}/lockstep/abort",
                 json={"rooms": [room], "reason": ABORT_REASON},
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=2.0,

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lockstep.api import constants as c
+
 PairKey = tuple[int, int]  # (prefill group, decode group)
 # The request id prefix of a pair probe's halves (requests lists, logs).
 PROBE_RID_PREFIX = "lockstep-pair-"
@@ -28,13 +30,15 @@ PROBE_RID_PREFIX = "lockstep-pair-"
 @dataclass(frozen=True)
 class PairEnd:
     """One side of a pair as the probe reaches it: the group, the epoch its leader runs,
-    its leader's address (and, on a prefill, its bootstrap port) and its node."""
+    its leader's address and HTTP port (and, on a prefill, its bootstrap port) and its
+    node."""
 
     group: int
     epoch: int
     ip: str
     node: str | None = None
     bootstrap_port: int | None = None
+    port: int = c.PORT_HTTP
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,9 @@ class DrillResult:
     # the incidents whose outlier ran there, "cordoned": the nodes the deployment
     # cordoned, "cordoned_at": when the first suspect node was (its NodeCordoned Event)}.
     suspects: dict[str, Any] = field(default_factory=dict)
+    # The pd-path drill's healthy run before its faults (`soak_s`): verdicts, the pair
+    # probe's Events and tries, and the probe requests each group served.
+    soak: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -74,21 +74,21 @@ class Drill:
         keep_going: bool = False,
         spares: int = 0,
         suspect_nodes: Mapping[str, Any] | None = None,
+        soak_s: float = 0.0,
     ) -> None:
         """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
         audit log for the least-privilege drill); `router` puts the real sglang-router in
-        front and sends the traffic through it; `recovery_mode` is the deployment's
-        `recovery.mode` (the drills judge restarts by it: the same pods restarted in place,
-        or new pods); `engine` is what the SGLang pods run (see the module docstring);
-        `slow_steps`: the step lengths of the slow drill (default: its `SLOW_STEPS`);
-        `step_bounds`: the deployment's `health.stepBounds` (None: the drill deployment's,
-        `{}`: the defaults); `sequence`: the incidents of the sequence scenario (default:
-        the engine's); `keep_going`: the sequence goes on after an incident that failed
-        its checks (a benchmark measures every one); `spares`: decode's warm spares in
-        the capacity scenario (its figures with and without one); `suspect_nodes`: the
-        deployment's `recovery.suspectNodes` (the sequence drill then judges the nodes its
-        incidents' outliers ran on, `drills.suspects`; with `cordon` the chart is
-        installed with `rbac.cordonNodes`)."""
+        front and sends the traffic through it; `recovery_mode`: the deployment's
+        `recovery.mode`; `engine` is what the SGLang pods run (see the module docstring);
+        `slow_steps`: the slow drill's step lengths (default: its `SLOW_STEPS`);
+        `step_bounds`: the deployment's `health.stepBounds` (None: the drill's, `{}`: the
+        defaults); `sequence`: the sequence scenario's incidents (default: the engine's);
+        `keep_going`: go on after an incident that failed its checks (a benchmark
+        measures every one); `spares`: decode's warm spares in the capacity scenario;
+        `suspect_nodes`: the deployment's `recovery.suspectNodes` (the sequence drill then
+        judges the nodes its incidents' outliers ran on, `drills.suspects`; with `cordon`
+        the chart is installed with `rbac.cordonNodes`); `soak_s`: the pd-path drill's
+        healthy run under traffic before its faults (`benchmarks/pd_path.py`)."""
         definition = lookup(scenario)
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
@@ -100,7 +100,7 @@ class Drill:
         self.definition = definition
         self.engine = engine
         self.sequence = tuple(sequence) if sequence is not None else None
-        self.keep_going = keep_going
+        self.keep_going, self.soak_s = keep_going, soak_s
         self.spares = spares
         self.slow_steps = tuple(slow_steps) if slow_steps is not None else None
         self.step_bounds = None if step_bounds is None else dict(step_bounds)

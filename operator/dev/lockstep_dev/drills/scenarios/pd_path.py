@@ -11,19 +11,25 @@ request the incident caught (a prefill half that never handed its KV over, a dec
 waiting for it) ended 200 through the router, none waiting long past the verdict; the
 groups that stayed hold nothing of it. The time from the fault to the verdict is a figure
 (`steps[].time_to_detect_s`); its check is behavioural: found by the pair probe, long
-before SGLang's own waits (300 s) would end anything."""
+before SGLang's own waits (300 s) would end anything.
+
+With `soak_s` the faults wait for a healthy run that long under traffic first, which must
+give no verdict and no pair Event (`result.soak`: also the pair probe's tries and the
+probe requests each group served a second, from the stand-ins' request logs)."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
 
-from lockstep_dev.drills.deployment import NAMESPACE
+from lockstep.clients.pair_prober import PROMPT as PROBE_PROMPT
+from lockstep_dev.drills.deployment import NAME, NAMESPACE
 from lockstep_dev.drills.failover import failover_checks
 from lockstep_dev.drills.figures import ts
 from lockstep_dev.drills.restart import Checks, stale_router_workers
 from lockstep_dev.drills.scenario import Scenario
 from lockstep_dev.faults import FaultKind
+from lockstep_dev.traffic import request_log_arrivals
 
 if TYPE_CHECKING:
     from lockstep_dev.drills.harness import Drill
@@ -46,13 +52,41 @@ def overrides(drill: Drill) -> dict[str, Any]:
 
 
 def act(drill: Drill) -> None:
-    checks: Checks = []
+    checks: Checks = soak(drill) if drill.soak_s > 0 else []
     for key, kind in INCIDENTS:
         step = incident(drill, key, kind)
         checks += [(ok, f"{kind} in {key}: {why}") for ok, why in step]
         if not all(ok for ok, _ in step) and not drill.keep_going:
             break
     drill.conclude(checks)
+
+
+def soak(drill: Drill) -> Checks:
+    """A healthy run of `drill.soak_s` under traffic: no verdict, no pair Event."""
+    began = time.time()
+    seen = {g: drill.incident_count(g) for g in GROUPS}
+    before = {e["metadata"]["uid"] for e in pair_events(drill)}
+    drill.wait(lambda: time.time() - began >= drill.soak_s, drill.soak_s + 30, "the soak")
+    ended = time.time()
+    opened = {g: drill.incident_count(g) - seen[g] for g in GROUPS}
+    told = [str(e.get("message")) for e in pair_events(drill) if e["metadata"]["uid"] not in before]
+    probes: dict[str, int] = dict.fromkeys(GROUPS, 0)
+    for a in request_log_arrivals(drill.workdir / "kubelet", NAMESPACE, NAME):
+        key = f"{a.role}/{a.group}"
+        if began <= a.at <= ended and (a.prompt or "").startswith(PROBE_PROMPT) and key in probes:
+            probes[key] += 1
+    seconds = ended - began
+    drill.result.soak = {
+        "seconds": round(seconds, 1),
+        "verdicts": opened,
+        "pair_events": told,
+        "pairs": drill.status().get("pairs") or [],
+        "probe_requests_per_group_per_s": {g: round(n / seconds, 3) for g, n in probes.items()},
+    }
+    return [
+        (not any(opened.values()), f"verdicts in a healthy run: {opened}"),
+        (not told, f"pair Events in a healthy run: {told[:3]}"),
+    ]
 
 
 def incident(drill: Drill, key: str, kind: FaultKind) -> Checks:
@@ -106,16 +140,20 @@ def incident(drill: Drill, key: str, kind: FaultKind) -> Checks:
             "restart_mode": inc.get("restartMode"),
             "time_to_detect_s": to_detect,
             "other_epochs": moved,
+            "blamed": blamed,  # the groups an incident opened in
+            "restarted": [g for g in GROUPS if int(drill.group(g).get("epoch", 0)) > epochs[g]],
             "failover": fo,
-            "events": [
-                e.get("message")
-                for e in drill.cluster.events(NAMESPACE)
-                if e.get("reason") in ("PairFailing", "PairLinkFailing")
-            ][-5:],
+            "events": [e.get("message") for e in pair_events(drill)][-5:],
             "passed": all(ok for ok, _ in checks),
         }
     )
     return checks
+
+
+def pair_events(drill: Drill) -> list[dict[str, Any]]:
+    """The pair probe's warning Events (a failing link or pair) in the drill's namespace."""
+    events = drill.cluster.events(NAMESPACE)
+    return [e for e in events if e.get("reason") in ("PairFailing", "PairLinkFailing")]
 
 
 def evidence_line(inc: dict[str, Any]) -> str:
