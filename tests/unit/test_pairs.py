@@ -162,6 +162,22 @@ def test_a_group_at_fault_waits_for_a_deep_probe_that_began_after_its_last_faile
     assert classify_pairs(broken, EPOCHS, 9.5, WINDOW, deep=unprobed).verdicts == {}
 
 
+def test_a_group_busy_with_long_steps_is_not_blamed_for_its_slow_pairs() -> None:
+    # decode/1 runs legitimately long model steps: its one-token tries miss the deadline
+    # and one of its deep probes failed (a step in progress), though the newest passed.
+    epochs = {("prefill", 0): 0, ("decode", 0): 0, ("decode", 1): 0}
+    results = [tried(0, 0, True, t) for t in (1.0, 5.0)]
+    results += [tried(0, 1, False, t) for t in (1.0, 5.0)]
+    deep = dict.fromkeys(epochs, 100.0)
+    busy = {("decode", 1): 3.0}
+    judged = classify_pairs(results, epochs, 9.5, WINDOW, deep=deep, deep_failed=busy)
+    assert judged.verdicts == {} and judged.unexplained == ()
+    # A deep probe that failed before the pair's failures began does not excuse it.
+    earlier = {("decode", 1): 0.5}
+    judged = classify_pairs(results, epochs, 9.5, WINDOW, deep=deep, deep_failed=earlier)
+    assert set(judged.verdicts) == {("decode", 1)}
+
+
 # ------------------------------------------------------------------ the pair prober
 
 

@@ -150,14 +150,24 @@ def judge_pairs(rt: Runtime, mem: Memory, seen: Seen) -> PairJudgement:
     nodes = {gid: leader_of(seen.by_group.get(gid, []), epoch)[1] for gid, epoch in probed.items()}
     window = 3.0 * spec.period_seconds + 2.0 * spec.timeout_seconds
     deep: dict[tuple[str, int], float | None] = {}
+    deep_failed: dict[tuple[str, int], float] = {}
     for (role, g), epoch in probed.items():
         samples = [
             s for s in rt.book.samples((seen.namespace, seen.name, role, g)) if s.epoch == epoch
         ]
         if samples:
             deep[(role, g)] = _to_wall(samples[-1], rt) if samples[-1].ok else None
+        failed = [s for s in samples if not s.ok]
+        if failed:
+            deep_failed[(role, g)] = _to_wall(failed[-1], rt)
     return classify_pairs(
-        rt.pairs.results(seen.namespace, seen.name), probed, seen.now, window, nodes, deep=deep
+        rt.pairs.results(seen.namespace, seen.name),
+        probed,
+        seen.now,
+        window,
+        nodes,
+        deep=deep,
+        deep_failed=deep_failed,
     )
 
 

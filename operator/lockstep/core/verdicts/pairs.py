@@ -15,7 +15,9 @@ probe failed is the TP judge's, and its tries count for nothing here (a hung dec
 fails every pair it is in; it must be judged `Hung`, not `TransferBroken`, and its
 peers not blamed). A group at fault by the pattern is judged only once a deep probe
 that began after its last failed period passed (its TP path works while its hand-off
-does not); until then it waits, told nothing.
+does not), and no deep probe of it failed since its first counted failure (a group
+busy with legitimately long model steps fails slow pairs and some deep probes: not
+its hand-off's fault); until then it waits, told nothing.
 """
 
 from __future__ import annotations
@@ -58,12 +60,15 @@ def classify_pairs(
     nodes: Mapping[GroupKey, str | None] | None = None,
     *,
     deep: Mapping[GroupKey, float | None],
+    deep_failed: Mapping[GroupKey, float] | None = None,
 ) -> PairJudgement:
     """Judge the tries of one deployment's pairs (see the module docstring). `epochs`:
     each group's current epoch (tries of another epoch do not count); `nodes`: each
     group's leader's node, named in a link's verdict; `deep`: each group's newest deep
     probe of its epoch, the wall time it began if it passed, None if it failed (absent:
-    none yet)."""
+    none yet); `deep_failed`: when each group's newest failed deep probe of its epoch
+    began (a group busy with long model steps fails some: its slow pairs are not its
+    hand-off's fault)."""
     tp_failing = {g for g, passed in deep.items() if passed is None}
     current = sorted(
         (
@@ -99,8 +104,12 @@ def classify_pairs(
             continue
         if not (len(peers) >= 2 or peers & passes):
             continue
-        passed = deep.get(group)
-        if passed is not None and passed >= failures[-1].period:
+        passed, failed = deep.get(group), (deep_failed or {}).get(group)
+        if (
+            passed is not None
+            and passed >= failures[-1].period
+            and (failed is None or failed < failures[0].period)
+        ):
             verdicts[group] = _verdict(group, failures, epochs[group])
         else:
             waiting.add(group)  # its TP path not yet shown to work since
