@@ -17,6 +17,12 @@ prefill/0 and `bootstrap-down` in prefill/1. Per fault:
 - `restarted`: the groups whose epoch moved (only the prefill at fault should);
 - `loads_after`: requests held and KV tokens used by every group while idle after it.
 
+Then, on the same cluster, the KV of ended requests: `kv-leak` in decode/0 under an abort
+wave (`kv_leak`: the KV it held for ended requests, the time from the first report of it
+to its free, KV held by ended requests on every group before and after, the groups
+blamed: none should be) and the abort storm (`abort_storm`: per round, the streams
+cancelled mid-stream and before their first token, what every group held once quiet).
+
 Usage: python benchmarks/pd_path.py [--soak-seconds 600] (about 1 minute plus the soak
 on 2 cores). `--engine sglang` is refused: the PD-path faults have no hooks in the real
 SGLang server yet (docs/pd-path.md, "Not done yet").
@@ -48,7 +54,11 @@ def main() -> int:
         "pd-path", router=True, keep_going=True, soak_s=args.soak_seconds, timeout_s=300.0
     ).run()
     faults: list[dict[str, Any]] = []
+    kv: dict[str, Any] = {}
     for step in result.steps:
+        if step["fault"] in ("kv-leak", "abort-storm"):
+            kv[step["fault"].replace("-", "_")] = step
+            continue
         fo = step.get("failover") or {}
         faults.append(
             {
@@ -76,6 +86,7 @@ def main() -> int:
         "requests": result.requests,
         "soak": result.soak,
         "faults": faults,
+        **kv,
     }
     print(json.dumps(out, indent=2))
     return 0 if result.passed else 1

@@ -67,17 +67,31 @@ def test_four_incidents_through_the_router_lose_no_request_and_cut_no_stream_sil
 
 
 @pytest.mark.timeout(900)
-def test_a_broken_kv_path_restarts_only_the_prefill_at_fault_and_loses_no_request() -> None:
+def test_a_broken_kv_path_restarts_only_the_prefill_at_fault_and_no_kv_is_left_behind() -> None:
     result = Drill("pd-path", router=True).run()
     print(result.to_json())
     assert result.passed, f"{result.reason}\n{result.to_json()}"
-    assert [(s["group"], s["fault"], s["verdict"]) for s in result.steps] == [
+    stall, down, leak, storm = result.steps
+    assert [(s["group"], s["fault"], s["verdict"]) for s in (stall, down)] == [
         ("prefill/0", "transfer-stall", "TransferBroken"),
         ("prefill/1", "bootstrap-down", "TransferBroken"),
     ]
-    for step in result.steps:
+    for step in (stall, down):
         fo = step["failover"]
         assert fo["caught"] > 0 and fo["caught_ok"] == fo["caught"], step
         assert fo["longest_wait_past_verdict_s"] <= 5.0, step
+    # kv-leak in decode/0: the KV its ended requests held, freed by the operator (no
+    # incident, no restart), nothing held for ended requests anywhere after it.
+    assert leak["fault"] == "kv-leak" and leak["leaked_tokens"] > 0, leak
+    assert leak["time_to_free_s"] <= 30.0 and leak["blamed"] == [], leak
+    assert not any(leak["ended_kv_after"].values()) and leak["events"], leak
+    # The abort storm: after each round nothing held anywhere, no verdict, nothing failed.
+    assert storm["fault"] == "abort-storm" and len(storm["rounds"]) == 3, storm
+    assert any(r["waiting"] for r in storm["rounds"]) and any(
+        r["streaming"] for r in storm["rounds"]
+    )
+    for r in storm["rounds"]:
+        assert all(not any(v.values()) for v in r["held_after"].values()), r
+    assert storm["blamed"] == [] and storm["traffic_failed"] == 0, storm
     assert result.restarts["decode/0"] == 0 and result.restarts["decode/1"] == 0
     assert all(i["state"] == "Closed" and i["evidence"] for i in result.incidents)

@@ -9,7 +9,8 @@ into the real scheduler loop (:mod:`lockstep_sglang.hooks`).
 
 Format (every field optional)::
 
-    {"kind": "none" | "desync" | "hang" | "slow" | "transfer-stall" | "bootstrap-down",
+    {"kind": "none" | "desync" | "hang" | "slow" | "transfer-stall" | "bootstrap-down"
+             | "kv-leak",
      "ranks": [global ranks] | null,
      "step_seconds": float,          # slow: added to every iteration that runs a batch
      "epoch": str | null}            # only while LOCKSTEP_GROUP_EPOCH equals it
@@ -19,7 +20,9 @@ the pod's highest global rank (every rank deciding differently would be no diver
 The PD path's faults belong to the pod's HTTP process, not to a rank (``ranks`` is
 ignored, :meth:`Fault.pd_fault`): ``transfer-stall``, a prefill whose KV sender stops
 sending for new bootstrap rooms (its collectives, HTTP server and deep probe stay fine);
-``bootstrap-down``, a prefill whose bootstrap server stops answering.
+``bootstrap-down``, a prefill whose bootstrap server stops answering; ``kv-leak``, a
+decode that keeps the KV of PD requests that ended before their hand-off completed
+(cancelled, failed) instead of freeing it (:mod:`lockstep_sglang.ended_kv`).
 
 ``epoch`` lets an injector aim at one incarnation of a group: after the operator restarts
 the group in a new epoch, the fault no longer applies even if the file stays.
@@ -45,12 +48,14 @@ logger = logging.getLogger(__name__)
 
 FAULT_FILE = "fault.json"
 FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"
-FaultKind = Literal["none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down"]
+FaultKind = Literal[
+    "none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down", "kv-leak"
+]  # fmt: skip
 KINDS: tuple[FaultKind, ...] = (
-    "none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down"
+    "none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down", "kv-leak"
 )  # fmt: skip
 # Faults of the pod's PD path (its HTTP process), not of its ranks' loops.
-PD_KINDS: frozenset[FaultKind] = frozenset({"transfer-stall", "bootstrap-down"})
+PD_KINDS: frozenset[FaultKind] = frozenset({"transfer-stall", "bootstrap-down", "kv-leak"})
 
 
 @dataclass(frozen=True)

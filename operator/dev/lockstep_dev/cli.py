@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
-# `lockstep dev inject --fault`: a rank's, a pod's or (the last two) a prefill's PD path.
+# `lockstep dev inject --fault`: a rank's, a pod's or (the last three) a PD path's.
 FAULTS = (
     "desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none",
-    "transfer-stall", "bootstrap-down",
+    "transfer-stall", "bootstrap-down", "kv-leak",
 )  # fmt: skip
 
 # lockstep_dev.localcluster.engines.ENGINES (not imported here: `lockstep --help` stays fast).
@@ -55,7 +55,8 @@ def add_parser(sub: Any) -> None:
         "--fault",
         required=True,
         choices=FAULTS,
-        help="transfer-stall and bootstrap-down: a prefill group's PD path (its leader)",
+        help="transfer-stall and bootstrap-down: a prefill group's PD path (its leader); "
+        "kv-leak: a decode group's (its leader keeps the KV of ended PD requests)",
     )
     inj.set_defaults(func=cmd_inject)
     down = dsub.add_parser("down", help="stop the local cluster")

@@ -22,11 +22,14 @@ from lockstep.clients.agent_client import AgentClient, report_from_ranks
 
 FaultKind = Literal[
     "desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none",
-    "transfer-stall", "bootstrap-down",
+    "transfer-stall", "bootstrap-down", "kv-leak",
 ]  # fmt: skip
 # The PD path's faults: written to the group's leader pod only (its HTTP process holds the
-# bootstrap server and the KV sender), in force for the epoch it runs.
-PD_FAULTS: tuple[FaultKind, ...] = ("transfer-stall", "bootstrap-down")
+# bootstrap server, the KV sender and the KV it reserves), in force for the epoch it runs;
+# the role whose fault each is.
+PD_FAULTS: dict[FaultKind, str] = {
+    "transfer-stall": "prefill", "bootstrap-down": "prefill", "kv-leak": "decode",
+}  # fmt: skip
 
 
 def pod_dir(kubelet_root: Path, pod: dict[str, Any]) -> Path:
@@ -104,8 +107,8 @@ def inject(
     last = pods[-1]
     dirs = [pod_dir(kubelet_root, p) for p in pods]
     if kind in PD_FAULTS:
-        if role != "prefill":
-            raise ValueError(f"{kind} is a prefill group's fault, not a {role} group's")
+        if role != PD_FAULTS[kind]:
+            raise ValueError(f"{kind} is a {PD_FAULTS[kind]} group's fault, not a {role} group's")
         epoch = int(pods[0]["metadata"]["labels"].get(c.LABEL_EPOCH, "0"))
         _write_fault(dirs[0], {"kind": kind, "ranks": None, "epoch": epoch})
         return f"{kind} injected into {role}/{group} (its leader's PD path)"

@@ -386,3 +386,74 @@ def request_log_arrivals(kubelet_root: Path, namespace: str, deployment: str) ->
                 )
     out.sort(key=lambda a: a.at)
     return out
+
+
+@dataclass
+class Wave:
+    """One abort wave: `sent` streaming requests, all cancelled by the client at once
+    `after_s` after they were sent; how far each had got when it was cancelled."""
+
+    sent: int
+    after_s: float
+    streaming: int = 0  # had received tokens (the decode was generating)
+    waiting: int = 0  # had received nothing yet (prefill, or the KV hand-off)
+    finished: int = 0  # ended before the cancel
+    errors: list[str] = field(default_factory=list)
+    cancelled_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sent": self.sent,
+            "after_s": self.after_s,
+            "streaming": self.streaming,
+            "waiting": self.waiting,
+            "finished": self.finished,
+            "errors": self.errors[:5],
+        }
+
+
+def abort_wave(url: str, n: int, after_s: float, max_new_tokens: int = 4000) -> Wave:
+    """`n` streaming `/generate` requests to `url` (the router), cancelled together by
+    the client `after_s` seconds later (their connections closed, as a client that gives
+    up on a batch does): some mid-stream, some still waiting for their first token."""
+    return asyncio.run(_wave(url, n, after_s, max_new_tokens))
+
+
+async def _wave(url: str, n: int, after_s: float, max_new_tokens: int) -> Wave:
+    wave = Wave(n, after_s)
+    events = [0] * n
+    done = [False] * n
+    tag = f"{time.time():.3f}"
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        body = {
+            "text": f"drill abort wave {tag} #{i}",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
+        }
+        try:
+            async with client.stream(
+                "POST", f"{url}/generate", json=body, timeout=CLIENT_TIMEOUT_S
+            ) as resp:
+                if resp.status_code != 200:
+                    wave.errors.append(f"HTTP {resp.status_code}")
+                    return
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        events[i] += 1
+                        done[i] = done[i] or line == "data: [DONE]"
+        except httpx.HTTPError as err:
+            wave.errors.append(f"{type(err).__name__}: {err}"[:160])
+
+    limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(trust_env=False, limits=limits) as client:
+        tasks = [asyncio.create_task(one(client, i)) for i in range(n)]
+        await asyncio.sleep(after_s)
+        wave.cancelled_at = time.time()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    wave.finished = sum(done)
+    wave.streaming = sum(1 for e, d in zip(events, done, strict=True) if e and not d)
+    wave.waiting = sum(1 for e in events if not e)
+    return wave

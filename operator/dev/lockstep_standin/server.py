@@ -12,8 +12,10 @@ Routes (see the package docstring for bodies): ``GET /health``, ``GET /health_ge
 ``/server_info``), ``GET /v1/models``, ``GET /v1/loads`` (SGLang's load figures: running
 and waiting requests, the "KV" they hold), ``POST /generate`` and ``POST /v1/completions``
 (both also as SSE streams, in SGLang's event shapes), ``GET /lockstep/probe[?timeout=s]``,
-and the runtime's failover routes (:mod:`lockstep_sglang.failover`: ``GET
-/lockstep/requests``, ``POST /lockstep/abort``, with the operator's token).
+the runtime's failover routes (:mod:`lockstep_sglang.failover`: ``GET
+/lockstep/requests``, ``POST /lockstep/abort``, with the operator's token) and its
+ended-KV routes (:mod:`lockstep_sglang.ended_kv`: ``GET /lockstep/kv``, ``POST
+/lockstep/kv/free``; the probe's body carries the same report as ``kv``).
 
 PD (what sglang-router sends): a request that carries ``bootstrap_room`` is one half of a
 PD pair (:mod:`.kv`). A prefill pod runs it for one token, publishes the KV hand-off for
@@ -28,6 +30,14 @@ Requests caught by an incident end the way the real runtime ends them: a request
 server ends (the operator's ``POST /lockstep/abort``, or rank 0's pipe closing because the
 group went down) is answered at once with 503 — a stream with SGLang's abort as its last
 event — and dropped on every rank; once fenced, new work and ``/health`` get 503.
+
+The KV a request holds (its prompt plus completion tokens, in ``/v1/loads``) is freed when
+it ends, except under the drills' ``kv-leak`` on a decode: a PD request that ended before
+it answered (its client went away, its transfer failed) then stays in the book as
+``ended``, holding its KV, as a decode whose transfer queue never lets go of a room; it is
+no longer a request anyone can see (``/lockstep/requests``), only KV held
+(``/lockstep/kv``), and the runtime's free (``POST /lockstep/kv/free``, the abort path)
+gives it back.
 
 Request log: every generation request is appended, when it arrives and when it is
 answered, to ``<pod dir>/requests.jsonl`` (``{"event": "received"|"answered"|"failed",
@@ -57,6 +67,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from lockstep_sglang import __version__, timeline
+from lockstep_sglang.ended_kv import EndedKV
+from lockstep_sglang.ended_kv import add_routes as add_ended_kv_routes
 from lockstep_sglang.failover import (
     RETRYABLE_STATUS,
     Failover,
@@ -125,7 +137,8 @@ class _Held:
     loop: asyncio.AbstractEventLoop
     # Set (to the message) when the server ends it: every wait of the request races it.
     ended: asyncio.Future[str]
-    phase: str = "queued"  # queued | waiting_kv | running | holding_kv
+    phase: str = "queued"  # queued | waiting_kv | running | holding_kv | ended (kv-leak)
+    ended_at: float = 0.0  # monotonic, once ended with its KV kept
     future: asyncio.Future[GenerateResult] | None = None
     on_tokens: Callable[[list[int]], None] | None = None
 
@@ -220,7 +233,7 @@ class Frontend:
         """Every work request this server holds (``GET /lockstep/requests``)."""
         now = time.monotonic()
         with self._lock:
-            held = list(self._held.values())
+            held = [h for h in self._held.values() if h.phase != "ended"]
         return [HeldRequest(h.rid, h.room, h.bootstrap, now - h.started, h.stream) for h in held]
 
     def end(self, rids: Sequence[str], message: str) -> None:
@@ -230,10 +243,41 @@ class Frontend:
                 h = self._held.get(rid)
             if h is None:
                 continue
+            if h.phase == "ended":  # its HTTP side is gone: the abort frees its KV
+                self._free_ended([h])
+                continue
             if not h.ended.done():
                 h.ended.set_result(message)
             if h.phase == "running":
                 self._outgoing.put(AbortRequest(rid))  # the ranks free what it holds
+
+    # -- KV held by ended requests (lockstep_sglang.ended_kv's book) ------------------
+    def ended_kv(self) -> EndedKV:
+        """What requests that ended still hold (only under ``kv-leak``: see above)."""
+        now = time.monotonic()
+        with self._lock:
+            ended = [h for h in self._held.values() if h.phase == "ended"]
+        return _report(ended, now)
+
+    def free_ended_kv(self, reason: str) -> EndedKV:
+        """Hand every ended request still holding KV to the abort, which frees it."""
+        now = time.monotonic()
+        with self._lock:
+            ended = [h for h in self._held.values() if h.phase == "ended"]
+        self._free_ended(ended)
+        freed = _report(ended, now)
+        if freed.requests:
+            logger.warning(
+                "freed the KV of %d ended request(s) (%d tokens): %s",
+                freed.requests, freed.tokens, reason,
+            )  # fmt: skip
+        return freed
+
+    def _free_ended(self, ended: Sequence[_Held]) -> None:
+        with self._lock:
+            for h in ended:
+                if self._held.get(h.rid) is h:
+                    del self._held[h.rid]
 
     def end_all_threadsafe(self, message: str, *, wait_s: float = 0.0) -> None:
         """From any thread: fence the server and end every held request (the runtime's
@@ -262,7 +306,7 @@ class Frontend:
         mode = self.settings.server.disaggregation_mode
         running = [h for h in held if h.phase == "running"]
         waiting = [h for h in held if h.phase in ("queued", "waiting_kv", "holding_kv")]
-        used = sum(h.tokens for h in held if h.phase in ("running", "holding_kv"))
+        used = sum(h.tokens for h in held if h.phase in ("running", "holding_kv", "ended"))
         load: dict[str, Any] = {
             "dp_rank": 0,
             "num_running_reqs": len(running),
@@ -272,6 +316,8 @@ class Frontend:
             "token_usage": round(used / KV_CAPACITY_TOKENS, 6),
             "disaggregation": {"mode": mode},
         }
+        load["lockstep"] = {"ended_kv": _report([h for h in held if h.phase == "ended"],
+                                                time.monotonic()).to_json()}  # fmt: skip
         if mode == "prefill":
             load["disaggregation"]["prefill_bootstrap_queue_reqs"] = sum(
                 1 for h in held if h.phase == "holding_kv"
@@ -305,6 +351,7 @@ class Frontend:
                     503, f"the group is out of service: {self.failover.fence.reason}"
                 )
             h = self._hold(rid, text, max_new_tokens, bootstrap, stream=on_tokens is not None)
+            answered = False
             try:
                 h.on_tokens = on_tokens
                 if paired and mode == "decode":
@@ -330,8 +377,10 @@ class Frontend:
                         )  # fmt: skip
                     h.phase = "holding_kv"
                     await self._or_ended(h, self._until_taken(int(room)))
+                answered = True
             finally:
-                self._release(h, int(room) if paired and mode == "prefill" else None)
+                self._release(h, int(room) if paired and mode == "prefill" else None,
+                              leak=paired and mode == "decode" and not answered)  # fmt: skip
         except GenerateError as exc:
             self.log_request("failed", route=route, rid=rid, room=room, status=exc.status)
             raise
@@ -373,9 +422,18 @@ class Frontend:
             self._held[rid] = h
         return h
 
-    def _release(self, h: _Held, room: int | None) -> None:
+    def _release(self, h: _Held, room: int | None, *, leak: bool = False) -> None:
+        """The request ended: what it holds is free, except that under ``kv-leak`` a
+        decode's PD request that ended unanswered (``leak``) keeps its KV."""
+        leak = leak and self.pd_fault("kv-leak")
         with self._lock:
-            self._held.pop(h.rid, None)
+            if leak and self._held.get(h.rid) is h:
+                h.phase, h.ended_at = "ended", time.monotonic()
+                logger.warning(
+                    "fault kv-leak: the KV of room %s (%d tokens) kept", h.room, h.tokens
+                )
+            else:
+                self._held.pop(h.rid, None)
         if room is not None:
             self.kv.discard(room)  # taken or abandoned: the prefill's KV is free
         if not h.ended.done():
@@ -508,7 +566,16 @@ class Frontend:
     def pending(self) -> int:
         """Requests waiting for an answer."""
         with self._lock:
-            return len(self._held)
+            return sum(1 for h in self._held.values() if h.phase != "ended")
+
+
+def _report(ended: Sequence[_Held], now: float) -> EndedKV:
+    return EndedKV(
+        tokens=sum(h.tokens for h in ended),
+        requests=len(ended),
+        oldest_s=max((now - h.ended_at for h in ended), default=0.0),
+        rooms=tuple(sorted(h.room for h in ended if h.room is not None)),
+    )
 
 
 def _resolve(future: asyncio.Future[GenerateResult], result: GenerateResult) -> None:
@@ -624,6 +691,7 @@ def build_app(frontend: Frontend) -> FastAPI:
     inflight = InflightCounter()
     app.add_middleware(InflightMiddleware, counter=inflight, fence=frontend.failover.fence)
     add_failover_routes(app, frontend.failover)
+    add_ended_kv_routes(app, frontend.failover, frontend)
 
     @app.get(INFLIGHT_ROUTE)
     async def inflight_route() -> JSONResponse:
@@ -930,7 +998,8 @@ def build_app(frontend: Frontend) -> FastAPI:
         if status == 200 and not probed_ok:
             probed_ok.append(True)
             timeline.mark(settings.runtime.state_dir, "probe_ok")
-        return JSONResponse(dict(outcome), status_code=status)
+        # What ended requests still hold, read with every deep probe (ended_kv).
+        return JSONResponse({**outcome, "kv": frontend.ended_kv().to_json()}, status_code=status)
 
     probed_ok: list[bool] = []  # the first deep probe that passed is a start-up milestone
     return app

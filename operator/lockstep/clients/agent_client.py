@@ -364,6 +364,28 @@ class AgentClient:
         except (ValueError, AttributeError) as err:
             return f"malformed answer: {err}"
 
+    def free_ended_kv(
+        self, pod_ip: str, token: str, reason: str, timeout: float = 2.0
+    ) -> tuple[int, int, int] | str:
+        """`POST /lockstep/kv/free` (`lockstep_sglang.ended_kv`): (tokens freed, requests
+        freed, tokens still held after it), or why the leader did not answer."""
+        try:
+            resp = self.http.post(
+                f"http://{pod_ip}:{c.PORT_HTTP}/lockstep/kv/free",
+                json={"reason": reason},
+                timeout=httpx.Timeout(timeout, connect=1.0),
+                headers=_bearer(token),
+            )
+        except httpx.HTTPError as err:
+            return f"{type(err).__name__}: {err}"[:200]
+        if resp.status_code != 200:
+            return f"HTTP {resp.status_code}: {resp.text[:200]}"
+        try:
+            body = resp.json()
+            return _int(body["tokens"]), _int(body["requests"]), _int(body["left"]["tokens"])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            return f"malformed answer: {err}"
+
     def evidence(self, pod_ip: str, route: str, token: str) -> str:
         """The raw answer of `GET /ranks` or `POST /stacks`, bounded, for an incident's
         evidence; `unreachable (...)` when the agent did not answer, `HTTP <status>: ...`

@@ -43,6 +43,19 @@ class Metrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=self.registry,
         )
+        self.ended_kv_tokens = Gauge(
+            "lockstep_ended_kv_tokens",
+            "KV tokens a group's leader holds for requests that ended (its newest deep "
+            "probe's report; 0 on a healthy server).",
+            ["namespace", "deployment", "role", "group"],
+            registry=self.registry,
+        )
+        self.ended_kv_freed = Counter(
+            "lockstep_ended_kv_freed_tokens_total",
+            "KV tokens of ended requests the operator had the runtime free.",
+            ["namespace", "deployment", "role"],
+            registry=self.registry,
+        )
         self.verdicts = Counter(
             "lockstep_group_verdicts_total",
             "Group verdicts reached (Desynced, Hung, RankDown, ...).",

@@ -27,7 +27,7 @@ from lockstep.core.recovery import (
     retired,
 )
 from lockstep.core.suspects import cordon_decisions, suspect_nodes
-from lockstep.core.verdicts import PairJudgement, pod_view_from_k8s
+from lockstep.core.verdicts import EndedKVJudgement, PairJudgement, pod_view_from_k8s
 from lockstep.execute import Execution, GroupId
 
 # How often, at most, a deployment's router registries are swept (one GET per replica).
@@ -50,6 +50,7 @@ def act(
     plans: Mapping[Role, RolePlan],
     exe: Execution,
     pairs: PairJudgement | None = None,
+    kv: EndedKVJudgement | None = None,
 ) -> Done:
     """Every change of the round, through the executor: the scale targets, each group's
     actions in order, the new epochs, the reconcile plan, the disruption budgets, the
@@ -58,6 +59,8 @@ def act(
     tell_refusals(mem, seen, exe)
     if pairs is not None:
         tell_pairs(mem, pairs, exe)
+    if kv is not None:
+        free_ended_kv(mem, seen, kv, exe)
     records: dict[str, GroupRecord] = {}
     actions: list[Action] = []
     requeue: float | None = None
@@ -156,6 +159,21 @@ def tell_pairs(mem: Memory, pairs: PairJudgement, exe: Execution) -> None:
                 "not tell which side is at fault",
             )
     mem.pairs_told = failing
+
+
+def free_ended_kv(mem: Memory, seen: Seen, kv: EndedKVJudgement, exe: Execution) -> None:
+    """Each group's ended-KV figure exported, and the KV the judge says to free freed
+    through the leader's runtime (`RequestManager.free_ended_kv`: an Event says what);
+    the answer is kept for the judge's next look."""
+    metric = exe.scene.deps.metrics.ended_kv_tokens
+    for (role, g), reading in (kv.held or {}).items():
+        metric.labels(seen.namespace, seen.name, role, str(g)).set(reading.tokens)
+    for role, g in kv.free:
+        rec = mem.records.get(record_key(role, g))
+        if rec is None:
+            continue
+        done = exe.requests.free_ended_kv(role, g, rec.epoch, (kv.held or {}).get((role, g)))
+        mem.kv_frees.setdefault((role, g, rec.epoch), []).append(done)
 
 
 def tell_suspects(mem: Memory, seen: Seen, incidents: Incidents, exe: Execution) -> None:

@@ -37,6 +37,7 @@ from lockstep.core.recovery import (
 )
 from lockstep.core.verdicts import (
     AgentReport,
+    EndedKVJudgement,
     GroupObservation,
     GroupVerdict,
     PairJudgement,
@@ -44,9 +45,11 @@ from lockstep.core.verdicts import (
     StepBounds,
     classify_group,
     classify_pairs,
+    judge_ended_kv,
     pod_view_from_k8s,
     pods_down,
     progress_baseline,
+    reading_from_probe,
 )
 from lockstep.execute import agent_token
 
@@ -171,6 +174,28 @@ def judge_pairs(rt: Runtime, mem: Memory, seen: Seen) -> PairJudgement:
     )
 
 
+def judge_kv(rt: Runtime, mem: Memory, seen: Seen) -> EndedKVJudgement:
+    """KV held by ended requests (`verdicts.judge_ended_kv`): each group in service,
+    judged by its deep probes' `kv` reports of the epoch it runs and the frees asked of
+    that epoch (`Memory.kv_frees`); nothing while `spec.health.endedKV` is off."""
+    spec = seen.pdd.spec.health.ended_kv
+    if not spec.enabled:
+        return EndedKVJudgement()
+    epochs = {(str(r.role), r.index): r.epoch for r in mem.records.values() if needs(r).pair_probe}
+    readings = {}
+    for (role, g), epoch in epochs.items():
+        samples = rt.book.samples((seen.namespace, seen.name, role, g))
+        found = [reading_from_probe(_to_wall(s, rt), s.detail) for s in samples if s.epoch == epoch]
+        readings[(role, g)] = [r for r in found if r is not None]
+    frees = {(role, g): mem.kv_frees.get((role, g, e), []) for (role, g), e in epochs.items()}
+    live = {(role, g, e) for (role, g), e in epochs.items()}
+    for key in [k for k in mem.kv_frees if k not in live]:
+        del mem.kv_frees[key]  # an epoch that ended, or a group out of service
+    return judge_ended_kv(
+        readings, frees, epochs, seen.now, spec.max_tokens, float(spec.grace_seconds)
+    )
+
+
 def leader_of(pods: Sequence[Mapping[str, Any]], epoch: int) -> tuple[str | None, str | None]:
     """The IP and node of a group's leader (rank 0) in `epoch`, not being deleted."""
     for p in pods:
@@ -184,10 +209,16 @@ def leader_of(pods: Sequence[Mapping[str, Any]], epoch: int) -> tuple[str | None
 
 
 def judge_role(
-    rt: Runtime, mem: Memory, seen: Seen, role: Role, pairs: PairJudgement | None = None
+    rt: Runtime,
+    mem: Memory,
+    seen: Seen,
+    role: Role,
+    pairs: PairJudgement | None = None,
+    kv: EndedKVJudgement | None = None,
 ) -> Judged:
     """Each group of a role judged once (`observe_group`) and its planner input; where
-    its deep probe found nothing wrong, the PD path's verdict of it (`pairs`), if any."""
+    its deep probe found nothing wrong, the PD path's verdict of it (`pairs`), else the
+    verdict of the KV its ended requests hold (`kv`), if any."""
     assert rt.deps is not None
     deps, pdd, now = rt.deps, seen.pdd, seen.now
     namespace, name = seen.namespace, seen.name
@@ -224,9 +255,12 @@ def judge_role(
             rt, (namespace, name, role, g), rec, group_pods, spec_role.pods_per_group, now,
             steps, token, _capture_of(mem, rec),
         )  # fmt: skip
-        pair_verdict = pairs.verdicts.get((role, g)) if pairs is not None else None
-        if pair_verdict is not None and (verdict is None or not verdict.is_failure):
-            verdict = pair_verdict
+        for other in (
+            pairs.verdicts.get((role, g)) if pairs is not None else None,
+            (kv.verdicts or {}).get((role, g)) if kv is not None else None,
+        ):
+            if other is not None and (verdict is None or not verdict.is_failure):
+                verdict = other
         request = manual_request(seen.body, role, g)
         rollout = request is None and rolling == (role, g)
         if rollout:

@@ -8,7 +8,7 @@ from typing import Any
 
 from lockstep.api.models import InvalidPDDeployment, parse_pddeployment, with_runtime_image
 from lockstep.control.act import act
-from lockstep.control.judge import judge_pairs, judge_role
+from lockstep.control.judge import judge_kv, judge_pairs, judge_role
 from lockstep.control.observe import ROLES, observe_deployment
 from lockstep.control.record import RoundResult, patch_status, record
 from lockstep.control.runtime import DeploymentKey, Memory, Runtime
@@ -111,8 +111,8 @@ def _run_round(
     seen = observe_deployment(
         rt, mem, key, body, pdd, policy, now, caches, nodes, parsed.spec.runtime
     )
-    pairs = judge_pairs(rt, mem, seen)
-    judged = {role: judge_role(rt, mem, seen, role, pairs) for role in ROLES}
+    pairs, kv = judge_pairs(rt, mem, seen), judge_kv(rt, mem, seen)
+    judged = {role: judge_role(rt, mem, seen, role, pairs, kv) for role in ROLES}
     plans = {
         role: plan_role(
             RoleSettings.from_spec(pdd.spec, role), j.records, j.inputs, now=now, serving=j.serving
@@ -134,5 +134,5 @@ def _run_round(
             r.incident.id: r.incident.epoch for r in mem.records.values() if r.incident
         },
     )
-    done = act(mem, seen, judged, plans, exe, pairs)
+    done = act(mem, seen, judged, plans, exe, pairs, kv)
     return record(rt, mem, seen, exe, done, old_conditions)

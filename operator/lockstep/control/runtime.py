@@ -21,7 +21,7 @@ from lockstep.clients.router_workers import RouterBook
 from lockstep.core.evidence import CaptureBook, EvidenceStore
 from lockstep.core.records import Incidents
 from lockstep.core.recovery import GroupRecord
-from lockstep.core.verdicts import RankState
+from lockstep.core.verdicts import KVFree, RankState
 from lockstep.execute import Deps
 
 DeploymentKey = tuple[str, str, str]  # namespace, name, uid
@@ -53,6 +53,8 @@ class Memory:
     cordon_failed: set[str] = field(default_factory=set)
     # Failing pairs already told in an Event (links at fault, or not explained yet).
     pairs_told: set[tuple[int, int]] = field(default_factory=set)
+    # The frees of KV held by ended requests asked of each (role, group, epoch).
+    kv_frees: dict[tuple[str, int, int], list[KVFree]] = field(default_factory=dict)
     # The evidence captures of the open incidents (what each read), from the round that
     # read it while its group waits in CapturingEvidence.
     captures: CaptureBook = field(default_factory=CaptureBook)

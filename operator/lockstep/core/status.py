@@ -211,7 +211,8 @@ def derive_status(
     broken = [
         f"{r.role}/{r.index}"
         for r in records.values()
-        if status_state(r) in ("Desynced", "Hung", "RankDown", "TransferBroken", "Suspect")
+        if status_state(r)
+        in ("Desynced", "Hung", "RankDown", "TransferBroken", "KVLeak", "Suspect")
     ]
     conditions = [
         condition(

@@ -21,7 +21,8 @@ from lockstep.core.failover import (
     plan_peers,
     still_orphaned,
 )
-from lockstep.core.recovery import EndRequests
+from lockstep.core.recovery import EndRequests, Reason
+from lockstep.core.verdicts import KVFree, KVReading
 from lockstep.execute.scene import GroupId, Scene, short
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,65 @@ class RequestManager:
                 + " with 503 (retryable): the router retries them on a healthy pair",
             )
             scene.deps.metrics.requests_ended.labels(role).inc(sum(ended.values()))
+
+    def free_ended_kv(self, role: str, index: int, epoch: int, held: KVReading | None) -> KVFree:
+        """Have the group's leader (of `epoch`) free the KV its ended requests hold
+        (`POST /lockstep/kv/free`, the runtime's abort); a Warning Event says what was
+        held, what was freed and what is left. The answer (None left: no answer) is what
+        the judge weighs next (`verdicts.ended_kv`)."""
+        scene = self.scene
+        now = time.time()
+        leader = next(
+            (
+                str((p.get("status") or {}).get("podIP"))
+                for p in scene.pods
+                if objects.label(p, c.LABEL_ROLE) == role
+                and objects.label(p, c.LABEL_GROUP) == str(index)
+                and objects.label(p, c.LABEL_EPOCH) == str(epoch)
+                and objects.label(p, c.LABEL_RANK) == "0"
+                and (p.get("status") or {}).get("podIP")
+                and not objects.meta(p).get("deletionTimestamp")
+            ),
+            None,
+        )
+        what = (
+            f"{held.tokens} KV tokens for {held.requests} ended request(s), the oldest "
+            f"ended {held.oldest_s:.0f}s ago"
+            if held is not None
+            else "KV for ended requests"
+        )
+        grace = scene.pdd.spec.health.ended_kv.grace_seconds
+        answer: tuple[int, int, int] | str
+        if leader is None:
+            answer = "no leader pod with an address"
+        else:
+            try:
+                token = scene.token()
+            except Exception as err:
+                answer = f"no token: {short(err)}"
+            else:
+                reason = f"lockstep: KV held by ended requests for more than {grace}s"
+                answer = scene.deps.agents.free_ended_kv(leader, token, reason)
+        if isinstance(answer, str):
+            log.warning("freeing the ended KV of %s/%d: %s", role, index, answer)
+            scene.events(
+                "Warning",
+                Reason.ENDED_KV_FREED,
+                f"{role} group {index} holds {what}, for more than {grace}s; the free "
+                f"through its runtime did not answer ({answer})",
+            )
+            return KVFree(now, None)
+        freed, requests, left = answer
+        scene.events(
+            "Warning",
+            Reason.ENDED_KV_FREED,
+            f"{role} group {index} held {what}, for more than {grace}s: freed {freed} "
+            f"tokens of {requests} request(s) through its runtime's abort, {left} left",
+        )
+        scene.deps.metrics.ended_kv_freed.labels(
+            scene.namespace, scene.pdd.metadata.name, role
+        ).inc(freed)
+        return KVFree(now, left, freed)
 
     def _send(
         self,

@@ -39,6 +39,7 @@ from lockstep.core.maintenance import NodeState
 from lockstep.core.pairs import PairResult
 from lockstep.core.records import ANNOTATION_RESTART
 from lockstep.core.rolescale import PLURAL as ROLE_SCALES
+from lockstep.core.verdicts import reading_from_probe
 from lockstep.handlers.ha import fence_hook
 from lockstep.handlers.settings import operator_config
 
@@ -118,8 +119,10 @@ async def operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_
         if sample.ok and sample.latency_s is not None:
             metrics.probe_latency.labels(role).observe(sample.latency_s)
         # A failed probe is acted on at once; a passing one only matters to a group
-        # that is starting, recovering or failing.
-        if not sample.ok or not settled(rt, sample.key):
+        # that is starting, recovering or failing, or whose leader holds KV for ended
+        # requests (the judge's clock of it starts with the round that sees it).
+        held = reading_from_probe(0.0, sample.detail)
+        if not sample.ok or not settled(rt, sample.key) or (held is not None and held.tokens):
             wakers.wake(sample.key[0], sample.key[1])
 
     def on_pair(key: DeploymentKey, result: PairResult) -> None:

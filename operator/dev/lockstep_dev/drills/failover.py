@@ -49,7 +49,8 @@ def leader_urls(drill: Drill) -> dict[str, str]:
 
 
 def loads(drill: Drill) -> dict[str, dict[str, int]]:
-    """What each serving group's leader holds now (SGLang's `GET /v1/loads`)."""
+    """What each serving group's leader holds now (SGLang's `GET /v1/loads`; with the
+    runtime's report of KV held by ended requests where it gives one)."""
     out: dict[str, dict[str, int]] = {}
     for key, url in sorted(leader_urls(drill).items()):
         try:
@@ -62,6 +63,9 @@ def loads(drill: Drill) -> dict[str, dict[str, int]]:
             + int(first.get("num_waiting_reqs", 0)),
             "used_tokens": int(first.get("num_used_tokens", 0)),
         }
+        ended = ((first.get("lockstep") or {}).get("ended_kv") or {}).get("tokens")
+        if isinstance(ended, int):
+            out[key]["ended_kv_tokens"] = ended
     return out
 
 

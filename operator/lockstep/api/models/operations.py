@@ -86,6 +86,22 @@ class PairProbeSpec(CRDModel):
     )
 
 
+class EndedKVSpec(CRDModel):
+    """KV a group's leader holds for requests that ended (cancelled, failed, aborted),
+    read with every deep probe: held above `maxTokens` in every reading for
+    `graceSeconds`, it is freed through the runtime's abort; a free that cannot bring it
+    down, or a group that keeps leaking, is judged `KVLeak` and restarted
+    (docs/pd-path.md)."""
+
+    enabled: bool = Field(True, description="Watch and free KV held by ended requests.")
+    max_tokens: int = Field(
+        0, ge=0, le=1 << 40, description="KV tokens ended requests may hold at any time."
+    )
+    grace_seconds: int = Field(
+        10, ge=1, le=3600, description="How long it may stay above maxTokens before a free."
+    )
+
+
 class HealthSpec(CRDModel):
     """The deep probe: a no-op collective across every rank of a group."""
 
@@ -104,6 +120,10 @@ class HealthSpec(CRDModel):
     pair_probe: PairProbeSpec = Field(
         default_factory=PairProbeSpec,
         description="The PD path between prefill and decode groups, probed as a unit.",
+    )
+    ended_kv: EndedKVSpec = Field(
+        default_factory=EndedKVSpec,
+        description="KV held by requests that ended: freed, or the group restarted.",
     )
 
 

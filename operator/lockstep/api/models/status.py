@@ -20,6 +20,7 @@ GroupState = Literal[
     "Hung",
     "RankDown",
     "TransferBroken",
+    "KVLeak",
     "Recovering",
     "Moving",
     "Unschedulable",
@@ -103,7 +104,7 @@ class Incident(CRDModel):
     role: Literal["prefill", "decode"] = Field(description="Role of the group.")
     group: int = Field(ge=0, description="Group number.")
     epoch: int = Field(ge=0, description="The epoch that broke.")
-    verdict: str = Field(description="Desynced, Hung, RankDown or TransferBroken.")
+    verdict: str = Field(description="Desynced, Hung, RankDown, TransferBroken or KVLeak.")
     state: Literal["Open", "Closed"] = Field("Open", description="Open until re-admitted.")
     action: str = Field("", description="What the operator did.")
     restart_mode: Literal["InPlace", "Recreate"] | None = Field(

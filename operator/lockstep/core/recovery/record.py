@@ -338,6 +338,7 @@ _VERDICT_STATE: dict[Verdict, GroupState] = {
     Verdict.HUNG: "Hung",
     Verdict.RANK_DOWN: "RankDown",
     Verdict.TRANSFER_BROKEN: "TransferBroken",
+    Verdict.KV_LEAK: "KVLeak",
 }
 
 

@@ -107,6 +107,8 @@ class Reason(StrEnum):
     HUNG = "GroupHung"
     RANK_DOWN = "GroupRankDown"
     TRANSFER_BROKEN = "GroupTransferBroken"
+    KV_LEAK = "GroupKVLeak"
+    ENDED_KV_FREED = "EndedKVFreed"
     UNRESPONSIVE = "GroupUnresponsive"
     RESTART_REQUESTED = "GroupRestartRequested"
     RESTART_REFUSED = "RestartRefused"
@@ -139,6 +141,7 @@ VERDICT_REASON = {
     Verdict.HUNG: Reason.HUNG,
     Verdict.RANK_DOWN: Reason.RANK_DOWN,
     Verdict.TRANSFER_BROKEN: Reason.TRANSFER_BROKEN,
+    Verdict.KV_LEAK: Reason.KV_LEAK,
     Verdict.UNKNOWN: Reason.UNRESPONSIVE,
 }
 

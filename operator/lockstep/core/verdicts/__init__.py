@@ -19,6 +19,9 @@ lists them, and — only when the probe failed — the rank states every pod age
 | `Unknown`  | the probe failed and no rank state could be read             | threshold    |
 | `Unknown`  | a new epoch passed no probe within its startup grace         | at once      |
 
+Two verdicts come from outside the group's own probe: `TransferBroken` (the PD path,
+`pairs`) and `KVLeak` (KV held by ended requests the runtime could not free, `ended_kv`).
+
 "threshold" means the recovery planner needs `health.failureThreshold` consecutive failed
 observations; "at once" means the first one decides. Ranks sampled from several pods are
 not a consistent snapshot, so a one-step skew between healthy ranks is normal: that is
@@ -28,6 +31,13 @@ over them.
 
 from __future__ import annotations
 
+from lockstep.core.verdicts.ended_kv import (
+    EndedKVJudgement,
+    KVFree,
+    KVReading,
+    judge_ended_kv,
+    reading_from_probe,
+)
 from lockstep.core.verdicts.facts import (
     BROKEN_SIGNALS,
     MAX_EVIDENCE_ITEMS,
@@ -69,9 +79,12 @@ __all__ = [
     "AgentReport",
     "Collective",
     "Decision",
+    "EndedKVJudgement",
     "EvidenceValue",
     "GroupObservation",
     "GroupVerdict",
+    "KVFree",
+    "KVReading",
     "Outlier",
     "PairJudgement",
     "PodView",
@@ -85,8 +98,10 @@ __all__ = [
     "classify_pairs",
     "clip_evidence",
     "divergence_cause",
+    "judge_ended_kv",
     "not_up_in_time",
     "pod_view_from_k8s",
     "pods_down",
     "progress_baseline",
+    "reading_from_probe",
 ]

@@ -29,6 +29,9 @@ class Verdict(StrEnum):
     # The group's TP ranks may be fine, but its KV hand-off fails with every peer of the
     # other role it was paired with (`lockstep.core.verdicts.pairs`).
     TRANSFER_BROKEN = "TransferBroken"
+    # The group's leader holds KV for requests that ended, and the runtime's free could
+    # not give it back (`lockstep.core.verdicts.ended_kv`).
+    KV_LEAK = "KVLeak"
     UNKNOWN = "Unknown"
 
     @property
@@ -60,6 +63,7 @@ class Signal(StrEnum):
     SAME_COLLECTIVE = "same-collective"
     NO_PROGRESS = "no-progress"
     PAIR_FAILED = "pair-failed"  # a pair probe's hand-off did not go through
+    ENDED_KV_HELD = "ended-kv-held"  # KV held by ended requests, past the bound and grace
 
 
 # OS states of a rank process that will not move until someone resumes it.

@@ -13,6 +13,11 @@ groups that stayed hold nothing of it. The time from the fault to the verdict is
 (`steps[].time_to_detect_s`); its check is behavioural: found by the pair probe, long
 before SGLang's own waits (300 s) would end anything.
 
+Then, on the same cluster, the KV of ended requests (`lockstep_dev.drills.ended_kv`):
+`kv-leak` in decode/0 under an abort wave, freed by the operator without a restart; and
+the abort storm, rounds of streams cancelled at once through the router, after which no
+group holds anything.
+
 With `soak_s` the faults wait for a healthy run that long under traffic first, which must
 give no verdict and no pair Event (`result.soak`: also the pair probe's tries and the
 probe requests each group served a second, from the stand-ins' request logs)."""
@@ -20,10 +25,13 @@ probe requests each group served a second, from the stand-ins' request logs)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lockstep.clients.pair_prober import PROMPT as PROBE_PROMPT
 from lockstep_dev.drills.deployment import NAME, NAMESPACE
+from lockstep_dev.drills.ended_kv import abort_storm, kv_leak
 from lockstep_dev.drills.failover import failover_checks
 from lockstep_dev.drills.figures import ts
 from lockstep_dev.drills.restart import Checks, stale_router_workers
@@ -53,9 +61,14 @@ def overrides(drill: Drill) -> dict[str, Any]:
 
 def act(drill: Drill) -> None:
     checks: Checks = soak(drill) if drill.soak_s > 0 else []
-    for key, kind in INCIDENTS:
-        step = incident(drill, key, kind)
-        checks += [(ok, f"{kind} in {key}: {why}") for ok, why in step]
+    steps: list[tuple[str, Callable[[], Checks]]] = [
+        (f"{kind} in {key}", partial(incident, drill, key, kind)) for key, kind in INCIDENTS
+    ]
+    steps.append(("kv-leak in decode/0", partial(kv_leak, drill, GROUPS)))
+    steps.append(("the abort storm", partial(abort_storm, drill, GROUPS)))
+    for what, run in steps:
+        step = run()
+        checks += [(ok, f"{what}: {why}") for ok, why in step]
         if not all(ok for ok, _ in step) and not drill.keep_going:
             break
     drill.conclude(checks)
