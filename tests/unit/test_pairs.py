@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from lockstep.clients.pair_prober import PairBook, PairProber, PairTargets
-from lockstep.core.pairs import PROBE_RID_PREFIX, PairEnd, PairResult, plan_pairs
+from lockstep.core.pairs import PROBE_RID_PREFIX, PairEnd, PairResult, full_from_loads, plan_pairs
 from lockstep.core.verdicts import Signal, Verdict, classify_pairs
 
 pytestmark = pytest.mark.unit
@@ -234,6 +234,8 @@ def test_a_failed_try_asks_the_bootstrap_and_ends_both_halves_of_its_room() -> N
             raise httpx.ReadTimeout("slow", request=req)
         if req.url.path == "/health":
             raise httpx.ConnectError("refused", request=req)
+        if req.url.path == "/v1/loads":
+            return httpx.Response(200, json={"loads": [{"token_usage": 0.1}]})
         assert req.headers["Authorization"] == "Bearer tok"
         return httpx.Response(200, json={"aborted": []})
 
@@ -251,6 +253,7 @@ def test_a_failed_try_asks_the_bootstrap_and_ends_both_halves_of_its_room() -> N
     ]
     assert all(b is not None and b["rooms"] == [result.room] for _, b in aborts)
     assert ("GET", "http://10.0.0.1:8998/health", None) in seen
+    assert result.full is None  # both leaders had room: the failure counts
 
 
 def test_periods_run_at_their_period_and_again_at_once_after_a_failure() -> None:
@@ -285,3 +288,55 @@ def test_periods_run_at_their_period_and_again_at_once_after_a_failure() -> None
     assert len(asyncio.run(period())) == 1
     book.forget("ns", "d")
     assert book.results("ns", "d") == [] and prober.due() == []
+
+
+def test_a_full_decode_failing_its_only_peer_is_capacity_not_a_broken_path() -> None:
+    # One prefill, two decodes (the real-engine drill's shape): decode/1 is full of long
+    # streams and cannot take the probe in time, twice, while prefill/0 passes with
+    # decode/0. A CI run judged that decode/1 TransferBroken; a full decode is not broken.
+    full = "decode full: 1 request(s) waiting for KV memory"
+    epochs = {("prefill", 0): 0, ("decode", 0): 0, ("decode", 1): 0}
+    deep: dict[tuple[str, int], float | None] = dict.fromkeys(epochs, 100.0)
+
+    def busy(period: float) -> PairResult:
+        r = tried(0, 1, False, period)
+        return PairResult(**{**r.__dict__, "full": full})
+
+    tries = [tried(0, 0, True, 1.0), busy(1.0), tried(0, 0, True, 5.0), busy(5.0)]
+    judged = classify_pairs(tries, epochs, 9.5, WINDOW, deep=deep)
+    assert judged.verdicts == {} and judged.links == () and judged.unexplained == ()
+    # The same failures with room to spare are the decode's.
+    plain = [tried(0, 0, True, 1.0), tried(0, 1, False, 1.0), tried(0, 0, True, 5.0)]
+    plain.append(tried(0, 1, False, 5.0))
+    assert set(classify_pairs(plain, epochs, 9.5, WINDOW, deep=deep).verdicts) == {("decode", 1)}
+
+
+def test_a_full_leader_is_read_from_sglangs_loads() -> None:
+    def loads(**load: Any) -> dict[str, Any]:
+        return {"loads": [{"num_running_reqs": 2, "max_running_requests": 8, **load}]}
+
+    assert full_from_loads("decode", loads(token_usage=0.4)) is None
+    assert full_from_loads("decode", loads(token_usage=0.95)) == "decode full: KV 95% used"
+    assert full_from_loads("decode", loads(num_running_reqs=8)) == (
+        "decode full: 8 of 8 requests running"
+    )
+    waiting = loads(token_usage=0.6, queues={"waiting": 0, "prealloc_ready": 2})
+    assert full_from_loads("decode", waiting) == "decode full: 2 request(s) waiting for KV memory"
+    # No answer, the stand-in's shape without the fields, a malformed body: not full.
+    assert full_from_loads("decode", None) is None
+    assert full_from_loads("prefill", {"loads": [{"num_running_reqs": 3}]}) is None
+    assert full_from_loads("prefill", {"loads": "x"}) is None
+
+
+def test_a_failed_try_on_a_full_decode_says_so() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/generate":
+            raise httpx.ReadTimeout("slow", request=req)
+        if req.url.path == "/v1/loads" and req.url.host == "10.0.1.1":
+            return httpx.Response(200, json={"loads": [{"token_usage": 0.97}]})
+        return httpx.Response(200, json={})
+
+    prober, _ = _prober(handler, [0.0])
+    t = _targets(1, 1)
+    result = asyncio.run(prober.try_pair(t, t.prefills[0], t.decodes[0]))
+    assert not result.ok and result.full == "decode full: KV 97% used"

@@ -33,7 +33,13 @@ from typing import Any
 
 import httpx
 
-from lockstep.core.pairs import PROBE_RID_PREFIX, PairEnd, PairResult, plan_pairs
+from lockstep.core.pairs import (
+    PROBE_RID_PREFIX,
+    PairEnd,
+    PairResult,
+    full_from_loads,
+    plan_pairs,
+)
 
 DeploymentKey = tuple[str, str]  # namespace, deployment
 HISTORY = 64  # results kept per deployment (at least two periods of its pairs)
@@ -187,7 +193,13 @@ class PairProber:
         latency = self.clock() - start
         prefill_error, decode_error = errors
         ok = prefill_error is None and decode_error is None
+        full = None
         if not ok:
+            # A half that could not take the request in time (a full decode, a prefill
+            # with every slot taken) is capacity, not a broken path: read before the
+            # room is ended, while what held it back still does.
+            loads = await asyncio.gather(self._loads(d), self._loads(p))
+            full = full_from_loads("decode", loads[0]) or full_from_loads("prefill", loads[1])
             bootstrap = await self._bootstrap(p)
             if bootstrap is not None:
                 prefill_error = f"{bootstrap}; {prefill_error}" if prefill_error else bootstrap
@@ -207,7 +219,17 @@ class PairProber:
             decode_error,
             room,
             started,
+            full,
         )
+
+    async def _loads(self, end: PairEnd) -> dict[str, Any] | None:
+        """The leader's SGLang `GET /v1/loads` body (None: no answer within a second)."""
+        try:
+            resp = await self.client.get(f"http://{end.ip}:{end.port}/v1/loads", timeout=1.0)
+            body = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
 
     async def _half(self, url: str, body: dict[str, Any], timeout: float) -> str | None:
         try:

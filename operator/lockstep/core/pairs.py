@@ -17,14 +17,17 @@ min(N, M)..max(N, M) periods. Which side is at fault is judged from the pattern
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lockstep.api import constants as c
 
 PairKey = tuple[int, int]  # (prefill group, decode group)
 # The request id prefix of a pair probe's halves (requests lists, logs).
 PROBE_RID_PREFIX = "lockstep-pair-"
+# A leader whose KV is this used (SGLang's `token_usage`) cannot take a new request now.
+FULL_TOKEN_USAGE = 0.9
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class PairResult:
     # When the period this try belongs to began (every try of a period shares it; the
     # judge reads a group's tries period by period). None: the try's own end.
     started: float | None = None
+    # A failed try whose half could not take a new request then (`full_from_loads`):
+    # capacity, not the path; the judge counts it against no one.
+    full: str | None = None
 
     @property
     def period(self) -> float:
@@ -75,9 +81,42 @@ class PairResult:
         parts = [
             f"prefill: {self.prefill_error}" if self.prefill_error else "",
             f"decode: {self.decode_error}" if self.decode_error else "",
+            f"{self.full} (capacity: not counted)" if self.full else "",
         ]
         text = "; ".join(p for p in parts if p)
         return None if self.ok else (text or "failed")
+
+
+def full_from_loads(side: str, body: Mapping[str, Any] | None) -> str | None:
+    """Why a leader could not take a new request, from its SGLang `GET /v1/loads` body
+    (None: it could, or it did not say): its running slots all taken, its KV
+    `FULL_TOKEN_USAGE` used, or (a decode) requests bootstrapped and waiting for KV
+    memory in its prealloc queue (`queues.prealloc_ready`). Under a broken hand-off a
+    decode is none of these: requests waiting on a silent bootstrap server are not
+    bootstrapped, and a stalled sender's rooms hold little KV by the time it is judged."""
+    loads = (body or {}).get("loads")
+    load = loads[0] if isinstance(loads, list) and loads and isinstance(loads[0], Mapping) else None
+    if load is None:
+        return None
+
+    def num(key: str, within: Mapping[str, Any] | None = None) -> float | None:
+        value = (load if within is None else within).get(key)
+        return (
+            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        )
+
+    running, cap = num("num_running_reqs"), num("max_running_requests")
+    usage = num("token_usage")
+    queues = load.get("queues")
+    ready = num("prealloc_ready", queues) if isinstance(queues, Mapping) else None
+    why = []
+    if running is not None and cap and running >= cap:
+        why.append(f"{running:.0f} of {cap:.0f} requests running")
+    if usage is not None and usage >= FULL_TOKEN_USAGE:
+        why.append(f"KV {usage:.0%} used")
+    if ready:
+        why.append(f"{ready:.0f} request(s) waiting for KV memory")
+    return f"{side} full: {', '.join(why)}" if why else None
 
 
 def plan_pairs(prefills: Sequence[int], decodes: Sequence[int], turn: int) -> list[PairKey]:

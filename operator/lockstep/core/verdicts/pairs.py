@@ -78,6 +78,7 @@ def classify_pairs(
             and epochs.get(("prefill", r.prefill)) == r.prefill_epoch
             and epochs.get(("decode", r.decode)) == r.decode_epoch
             and not tp_failing.intersection(_ends(r))
+            and r.full is None  # capacity, not the path: it counts against no one
         ),
         key=lambda r: r.at,
     )
