@@ -344,23 +344,36 @@ class AgentClient:
         except (httpx.HTTPError, ValueError, AttributeError):
             return None
 
-    def end_requests(
-        self, pod_ip: str, token: str, body: Mapping[str, Any], timeout: float = 2.0
-    ) -> tuple[HeldRequest, ...] | str:
-        """`POST /lockstep/abort`: what the leader ended, or why it did not answer."""
+    def _post_leader(
+        self, pod_ip: str, route: str, token: str, body: Mapping[str, Any], timeout: float
+    ) -> tuple[Any, str | None]:
+        """`POST` to a leader's runtime route with the operator's token: (the decoded
+        JSON answer, None), or (None, why there is none)."""
         try:
             resp = self.http.post(
-                f"http://{pod_ip}:{c.PORT_HTTP}/lockstep/abort",
+                f"http://{pod_ip}:{c.PORT_HTTP}{route}",
                 json=dict(body),
                 timeout=httpx.Timeout(timeout, connect=1.0),
                 headers=_bearer(token),
             )
         except httpx.HTTPError as err:
-            return f"{type(err).__name__}: {err}"[:200]
+            return None, f"{type(err).__name__}: {err}"[:200]
         if resp.status_code != 200:
-            return f"HTTP {resp.status_code}: {resp.text[:200]}"
+            return None, f"HTTP {resp.status_code}: {resp.text[:200]}"
         try:
-            return held_from_json(resp.json().get("aborted"))
+            return resp.json(), None
+        except ValueError as err:
+            return None, f"malformed answer: {err}"
+
+    def end_requests(
+        self, pod_ip: str, token: str, body: Mapping[str, Any], timeout: float = 2.0
+    ) -> tuple[HeldRequest, ...] | str:
+        """`POST /lockstep/abort`: what the leader ended, or why it did not answer."""
+        answer, error = self._post_leader(pod_ip, "/lockstep/abort", token, body, timeout)
+        if error is not None:
+            return error
+        try:
+            return held_from_json(answer.get("aborted"))
         except (ValueError, AttributeError) as err:
             return f"malformed answer: {err}"
 
@@ -369,21 +382,14 @@ class AgentClient:
     ) -> tuple[int, int, int] | str:
         """`POST /lockstep/kv/free` (`lockstep_sglang.ended_kv`): (tokens freed, requests
         freed, tokens still held after it), or why the leader did not answer."""
+        answer, error = self._post_leader(
+            pod_ip, "/lockstep/kv/free", token, {"reason": reason}, timeout
+        )
+        if error is not None:
+            return error
         try:
-            resp = self.http.post(
-                f"http://{pod_ip}:{c.PORT_HTTP}/lockstep/kv/free",
-                json={"reason": reason},
-                timeout=httpx.Timeout(timeout, connect=1.0),
-                headers=_bearer(token),
-            )
-        except httpx.HTTPError as err:
-            return f"{type(err).__name__}: {err}"[:200]
-        if resp.status_code != 200:
-            return f"HTTP {resp.status_code}: {resp.text[:200]}"
-        try:
-            body = resp.json()
-            return _int(body["tokens"]), _int(body["requests"]), _int(body["left"]["tokens"])
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            return _int(answer["tokens"]), _int(answer["requests"]), _int(answer["left"]["tokens"])
+        except (KeyError, TypeError, AttributeError) as err:
             return f"malformed answer: {err}"
 
     def evidence(self, pod_ip: str, route: str, token: str) -> str:

@@ -32,6 +32,8 @@ from lockstep.execute import Execution, GroupId
 
 # How often, at most, a deployment's router registries are swept (one GET per replica).
 ROUTER_SWEEP_SECONDS = 5.0
+# The frees of ended KV kept per group epoch (`verdicts.ended_kv` weighs the last three).
+KEPT_FREES = 8
 
 
 @dataclass
@@ -172,8 +174,10 @@ def free_ended_kv(mem: Memory, seen: Seen, kv: EndedKVJudgement, exe: Execution)
         rec = mem.records.get(record_key(role, g))
         if rec is None:
             continue
-        done = exe.requests.free_ended_kv(role, g, rec.epoch, (kv.held or {}).get((role, g)))
-        mem.kv_frees.setdefault((role, g, rec.epoch), []).append(done)
+        held = (kv.held or {}).get((role, g))
+        frees = mem.kv_frees.setdefault((role, g, rec.epoch), [])
+        frees.append(exe.requests.free_ended_kv(role, g, rec.epoch, held, seen.now))
+        del frees[:-KEPT_FREES]  # the judge weighs the last few (`MAX_FREES` in a window)
 
 
 def tell_suspects(mem: Memory, seen: Seen, incidents: Incidents, exe: Execution) -> None:

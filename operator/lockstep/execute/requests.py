@@ -118,13 +118,14 @@ class RequestManager:
             )
             scene.deps.metrics.requests_ended.labels(role).inc(sum(ended.values()))
 
-    def free_ended_kv(self, role: str, index: int, epoch: int, held: KVReading | None) -> KVFree:
+    def free_ended_kv(
+        self, role: str, index: int, epoch: int, held: KVReading | None, at: float
+    ) -> KVFree:
         """Have the group's leader (of `epoch`) free the KV its ended requests hold
         (`POST /lockstep/kv/free`, the runtime's abort); a Warning Event says what was
         held, what was freed and what is left. The answer (None left: no answer) is what
         the judge weighs next (`verdicts.ended_kv`)."""
         scene = self.scene
-        now = time.time()
         leader = next(
             (
                 str((p.get("status") or {}).get("podIP"))
@@ -164,7 +165,7 @@ class RequestManager:
                 f"{role} group {index} holds {what}, for more than {grace}s; the free "
                 f"through its runtime did not answer ({answer})",
             )
-            return KVFree(now, None)
+            return KVFree(at, None)
         freed, requests, left = answer
         scene.events(
             "Warning",
@@ -175,7 +176,7 @@ class RequestManager:
         scene.deps.metrics.ended_kv_freed.labels(
             scene.namespace, scene.pdd.metadata.name, role
         ).inc(freed)
-        return KVFree(now, left, freed)
+        return KVFree(at, left, freed)
 
     def _send(
         self,
