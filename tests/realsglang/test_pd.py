@@ -17,7 +17,7 @@ import pytest
 from server import HOST, TOKEN, RealServer, free_port, wait_for
 
 from lockstep.clients.pair_prober import PairBook, PairProber, PairTargets
-from lockstep.core.pairs import PairEnd, PairResult
+from lockstep.core.pairs import PairEnd, PairResult, full_from_loads
 
 pytestmark = pytest.mark.timeout(420)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -131,6 +131,13 @@ def test_halves_caught_by_an_incident_end_at_once_and_free_what_they_held(
     decode.wait_ready()
     assert prefill.http.get(f"{prefill.url}/lockstep/requests", timeout=10).status_code == 401
     idle_p, idle_d = _load(prefill), _load(decode)
+    # What the pair probe reads of a failed try's halves (`full_from_loads`): the real
+    # server's loads carry each field it weighs, and an idle server is not full.
+    for idle in (idle_p, idle_d):
+        assert {"num_running_reqs", "max_running_requests", "token_usage"} <= idle.keys(), idle
+        assert "prealloc_ready" in idle["queues"], idle
+    assert full_from_loads("decode", {"loads": [idle_d]}) is None
+    assert full_from_loads("prefill", {"loads": [idle_p]}) is None
     host = "127.0.0.1"
 
     def pd(server: RealServer, room: int) -> httpx.Response:
