@@ -18,6 +18,7 @@ from server import HOST, TOKEN, RealServer, free_port, wait_for
 
 from lockstep.clients.pair_prober import PairBook, PairProber, PairTargets
 from lockstep.core.pairs import PairEnd, PairResult, full_from_loads
+from lockstep_sglang import timeline
 
 pytestmark = pytest.mark.timeout(420)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -26,10 +27,16 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the_hooks(
     real_server: Callable[..., RealServer], real_router: Callable[..., str]
 ) -> None:
-    prefill = real_server(tp=1, mode="prefill", cores=[0])
+    # The prefill starts SGLang's subprocesses as SGLang does (spawned), the decode forks
+    # them from its engine process (the default): the pair serves either way.
+    prefill = real_server(
+        tp=1, mode="prefill", cores=[0], env={"LOCKSTEP_SUBPROCESS_START": "spawn"}
+    )
     decode = real_server(tp=1, mode="decode", cores=[1])
     prefill.wait_ready()
     decode.wait_ready()
+    assert _start_methods(prefill) == [("spawn", "LOCKSTEP_SUBPROCESS_START=spawn")]
+    assert [method for method, _ in _start_methods(decode)] == ["fork"]
     # A PD server alone refuses a request without its peer's bootstrap.
     alone = decode.generate("no prefill", max_new_tokens=4)
     assert alone.status_code == 400, alone.text
@@ -77,6 +84,12 @@ def _try_pair(p: PairEnd, d: PairEnd, timeout_s: float = 4.0) -> PairResult:
             return await PairProber(PairBook(), client).try_pair(targets, p, d)
 
     return asyncio.run(go())
+
+
+def _start_methods(server: RealServer) -> list[tuple[str, str]]:
+    """How each start of the server's engine started SGLang's subprocesses (its timeline)."""
+    marks = timeline.read(server.state_dir)
+    return [(m["method"], m["why"]) for m in marks if m["event"] == "subprocess_start"]
 
 
 def _held(server: RealServer) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import pytest
 from release_venvs import release_pin
 from server import HOST, RealServer, wait_for
 
-from lockstep_sglang import pins
+from lockstep_sglang import pins, timeline
 
 pytestmark = pytest.mark.timeout(900)  # a first run also makes the release's venv
 
@@ -76,6 +76,10 @@ def test_the_release_serves_restarts_in_place_and_ends_on_a_forced_divergence(
     assert state["epoch"] == "1" and state["previous_epoch"] == "0"
     assert "rendezvous port 20001" in server.log.read_text()
     assert server.generate("served again in epoch 1").status_code == 200
+    # Both starts forked SGLang's schedulers from the engine process (SGLang imported
+    # once per start, not again in every subprocess).
+    starts = [e for e in timeline.read(server.state_dir) if e["event"] == "subprocess_start"]
+    assert [e["method"] for e in starts] == ["fork", "fork"], starts
     # An ask for the epoch it already runs changes nothing (the operator may repeat it).
     again = server.restart(epoch=1)
     assert again.status_code == 200 and again.json()["restarting"] is False

@@ -67,6 +67,7 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
         (dist, "new_group"),
         (rcc, "_check_for_consensus"),
         (engine, "run_data_parallel_controller_process"),
+        (engine.Engine, "_launch_scheduler_processes"),
         (io_struct, "_msgpack_decoder"),
         (io_struct, "_all_types"),
         (SchedulerRequestReceiver, "_pull_raw_reqs"),

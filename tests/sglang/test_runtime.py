@@ -196,6 +196,48 @@ def test_sglang_gloo_groups_get_the_configured_bound_instead_of_two_hours(
         dist.destroy_process_group()
 
 
+def test_the_engine_chooses_how_its_schedulers_start_just_before_sglang_starts_them(
+    restore_hooks: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After SGLang's own ``spawn`` (``_set_envs_and_config``), the hooked
+    ``Engine._launch_scheduler_processes`` sets the start method its schedulers and
+    detokenizer get, and records it, before SGLang's own launch runs."""
+    import multiprocessing
+
+    from sglang.srt.entrypoints import engine
+
+    from lockstep_sglang import server_hooks, timeline
+
+    target = "sglang.srt.entrypoints.engine:Engine._launch_scheduler_processes"
+    original = pins.resolve(target)
+    config = _config(tmp_path)
+    (tmp_path / "state").mkdir()
+    server_hooks.install_server_hooks(config)
+    server_hooks.install_server_hooks(config)  # idempotent
+    hooked = engine.Engine.__dict__["_launch_scheduler_processes"]
+    assert isinstance(hooked, classmethod) and getattr(hooked, "__lockstep_hook__", False)
+    assert pins.resolve(target) is original and target in pins.PINNED_SOURCES
+    seen: list[str] = []
+    before = multiprocessing.get_start_method(allow_none=True)
+    set_method = multiprocessing.set_start_method
+    try:
+        set_method("spawn", force=True)  # as SGLang leaves it
+        # What the hook asks of multiprocessing, seen; SGLang's own launch then runs and
+        # fails on the missing arguments (no scheduler is started here).
+        monkeypatch.setattr(
+            server_hooks.start_method.multiprocessing,
+            "set_start_method",
+            lambda method, force=False: seen.append(method),
+        )
+        with pytest.raises(TypeError):
+            engine.Engine._launch_scheduler_processes()  # SGLang's needs its arguments
+    finally:
+        set_method(before, force=True)
+    assert seen == ["fork"]
+    (mark,) = [e for e in timeline.read(tmp_path / "state") if e["event"] == "subprocess_start"]
+    assert mark["method"] == "fork" and mark["threads"]
+
+
 def test_probe_route_runs_a_collective_through_the_real_dispatchers(
     restore_hooks: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

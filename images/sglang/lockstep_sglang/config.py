@@ -18,6 +18,7 @@ pod agent) inherits the same settings without extra plumbing.
 | ``LOCKSTEP_GROUP_EPOCH`` | unset | the group epoch the operator created the pod in (decimal) |
 | ``LOCKSTEP_AGENT_TOKEN`` | unset | bearer token of the agent's ``/ranks``, ``/stacks`` and ``/restart`` (unset: they answer 403) |
 | ``LOCKSTEP_POD_NAME`` | unset | echoed by the agent's ``/ranks`` |
+| ``LOCKSTEP_SUBPROCESS_START`` | ``fork`` | how SGLang's scheduler and detokenizer processes start: ``fork`` (from the engine process, SGLang already imported, where no device context makes it unsafe: :mod:`lockstep_sglang.start_method`) or ``spawn`` (SGLang's own way) |
 | ``LOCKSTEP_SGLANG_VERSION`` | unset | the SGLang release the deployment declares (``spec.sglangVersion``): the launcher refuses an image that runs another (unset: any supported release) |
 
 The group epoch: the operator renders it into the pod (``LOCKSTEP_GROUP_EPOCH``, and the
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from lockstep_sglang import consensus, gloo_timeout, probe, rank_state
+from lockstep_sglang import consensus, gloo_timeout, probe, rank_state, start_method
 
 CONSENSUS_ENV = "LOCKSTEP_CONSENSUS"
 CONSENSUS_PAUSE_ENV = "LOCKSTEP_CONSENSUS_PAUSE_S"
@@ -105,6 +106,8 @@ class RuntimeConfig:
     # The SGLang release the deployment declares (the operator renders it): the launcher
     # refuses an image that runs another one. None: whatever supported release it finds.
     sglang_version: str | None = None
+    # How SGLang's subprocesses start (lockstep_sglang.start_method): "fork" or "spawn".
+    subprocess_start: str = start_method.DEFAULT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RuntimeConfig:
@@ -125,6 +128,7 @@ class RuntimeConfig:
             probe_max_timeout_s=_seconds(env, PROBE_MAX_TIMEOUT_ENV, probe.MAX_TIMEOUT_S),
             exit_hold_s=_seconds(env, EXIT_HOLD_ENV, DEFAULT_EXIT_HOLD_S, zero_ok=True),
             sglang_version=env.get(SGLANG_VERSION_ENV, "").strip() or None,
+            subprocess_start=start_method.requested(env),
         )
 
 

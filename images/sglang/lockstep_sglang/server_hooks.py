@@ -26,6 +26,7 @@ drain out of time) the held requests end the same way instead of waiting to be c
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -41,7 +42,7 @@ from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.utils import is_health_check_generate_req
 from sglang.utils import TypeBasedDispatcher
 
-from lockstep_sglang import hooks, timeline
+from lockstep_sglang import hooks, start_method, timeline
 from lockstep_sglang.config import RuntimeConfig
 from lockstep_sglang.failover import Failover, HeldRequest, end_everything
 from lockstep_sglang.failover import add_routes as add_failover_routes
@@ -282,6 +283,28 @@ async def inflight_route() -> JSONResponse:
     return JSONResponse(COUNTER.body())
 
 
+def hook_subprocess_start() -> None:
+    """Just before SGLang starts its schedulers (after its own ``spawn``), choose how
+    they start (:mod:`lockstep_sglang.start_method`): forked from this process, which has
+    imported SGLang, where that is safe."""
+    engine_cls = engine_mod.Engine
+    bound = engine_cls.__dict__["_launch_scheduler_processes"]
+    if getattr(bound, "__lockstep_hook__", False):
+        return
+    original = bound.__func__  # a classmethod
+
+    @functools.wraps(original)
+    def hooked(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        config = _config or RuntimeConfig.from_env()
+        start_method.apply(config.state_dir, config.subprocess_start)
+        return original(cls, *args, **kwargs)
+
+    hooked.__lockstep_hook__ = True  # type: ignore[attr-defined]
+    wrapped = classmethod(hooked)
+    wrapped.__lockstep_hook__ = True  # type: ignore[attr-defined]
+    engine_cls._launch_scheduler_processes = wrapped
+
+
 def install_server_hooks(config: RuntimeConfig) -> None:
     """Main-process hooks: IPC types, the probe, in-flight and failover routes with their
     counting and fencing middleware, the signal handlers that end held requests first,
@@ -296,6 +319,7 @@ def install_server_hooks(config: RuntimeConfig) -> None:
         http_server.app.add_middleware(InflightMiddleware, fence=FAILOVER.fence)
         _route_added = True
     hook_signal_handlers()
+    hook_subprocess_start()
     # engine.py looks this name up when it starts the DP controller process.
     engine_mod.run_data_parallel_controller_process = hooks.run_data_parallel_controller_process
 

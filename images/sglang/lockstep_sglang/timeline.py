@@ -4,7 +4,9 @@ container, one JSON line each, appended to ``<state dir>/timeline.jsonl``.
 A restart of a group is, per pod: the container ends (``restarted``: the pod agent was
 told to restart it, or ``engine_ended``), the kubelet starts it again
 (``container_start``: the launcher's first line), the engine process starts
-(``engine_start``) and imports SGLang (``sglang_imported``), each scheduler loads the
+(``engine_start``) and imports SGLang (``sglang_imported``), starts SGLang's
+subprocesses (``subprocess_start``: forked or spawned, :mod:`lockstep_sglang.start_method`),
+each scheduler loads the
 model and allocates its KV cache and enters its loop (``scheduler_loop``, per TP rank),
 the HTTP server warms up, and the first deep probe passes (``probe_ok``). The operator's
 own steps (drain, evidence, restart slot, re-admission) are in its records. The file
@@ -34,6 +36,7 @@ EVENTS = (
     "container_start",
     "engine_start",
     "sglang_imported",
+    "subprocess_start",
     "scheduler_loop",
     "probe_ok",
     "restarted",
