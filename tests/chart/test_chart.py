@@ -68,7 +68,15 @@ VALUE_SETS: dict[str, Obj] = {
     "webhook-validating-only": {"webhook": {"mutating": {"enabled": False}}},
     "webhook-off": {"webhook": {"enabled": False}},
     "servicemonitor-and-dashboard": {
-        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            "prometheusRule": {
+                "enabled": True,
+                "labels": {"release": "prom"},
+                "ruleLabels": {"team": "serving"},
+                "runbookBaseURL": "https://runbooks.example.org/lockstep/runbooks.md",
+            },
+        },
         "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
     },
     "networkpolicy-off": {"networkPolicy": {"enabled": False}},
@@ -203,7 +211,16 @@ def check_custom_shape(obj: Obj) -> None:
         assert spec["namespaceSelector"]["matchNames"] == [NAMESPACE]
         (endpoint,) = spec["endpoints"]
         assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
-        assert set(endpoint) == {"port", "path", "interval", "scrapeTimeout"}
+        assert set(endpoint) == {"port", "path", "interval", "scrapeTimeout", "honorLabels"}
+        assert endpoint["honorLabels"] is True  # the metrics' own namespace label stays
+    elif kind == "PrometheusRule":
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        (group,) = spec["groups"]
+        assert group["name"] == "lockstep" and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
+            assert rule["labels"]["severity"] in ("critical", "warning")
+            assert {"summary", "description"} <= set(rule["annotations"])
     elif kind == "Issuer":
         assert obj["apiVersion"] == "cert-manager.io/v1"
         assert spec == {"selfSigned": {}}
@@ -224,7 +241,7 @@ def check_custom_shape(obj: Obj) -> None:
         pytest.fail(f"{kind} has neither a Kubernetes schema nor a shape check")
 
 
-CUSTOM_KINDS = {"ServiceMonitor", "Issuer", "Certificate"}
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -362,6 +379,7 @@ SENTINELS: dict[str, Any] = {
     "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
     "metrics.serviceMonitor.interval": "15s",
     "metrics.serviceMonitor.scrapeTimeout": "5s",
+    "metrics.prometheusRule.runbookBaseURL": "https://runbooks.example.org/runbooks.md",
     "webhook.certManager.duration": "2160h",
     "webhook.certManager.renewBefore": "360h",
     "networkPolicy.namespaces": ["sentinel-ns"],
@@ -371,7 +389,7 @@ SENTINELS: dict[str, Any] = {
 ALL_ON: Obj = merge(
     VALUE_SETS["ha"],
     {
-        "metrics": {"serviceMonitor": {"enabled": True}},
+        "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
         "grafanaDashboard": {"enabled": True},
     },
 )
