@@ -106,6 +106,32 @@ def test_user_env_and_weights_volume() -> None:
     assert vols["weights"]["persistentVolumeClaim"]["claimName"] == "w"
 
 
+def test_sglangs_compile_and_jit_caches_live_on_a_pod_volume_unless_the_user_says_where() -> None:
+    # SGLang puts every compile and JIT cache under SGLANG_CACHE_DIR; on an emptyDir they
+    # outlive the container, so an in-place restart finds what its last start built.
+    pdd = parse_pddeployment(pdd_obj())
+    pod = build_group_pods(pdd, "decode", 0, 3, evaluate(pdd.spec).roles["decode"])[0]
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SGLANG_CACHE_DIR"] == c.CACHE_MOUNT
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts[c.CACHE_VOLUME] == c.CACHE_MOUNT
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols[c.CACHE_VOLUME] == {"name": c.CACHE_VOLUME, "emptyDir": {}}
+    own = parse_pddeployment(
+        pdd_obj(
+            decode={
+                "tp": 1,
+                "gpusPerPod": 1,
+                "env": [{"name": "SGLANG_CACHE_DIR", "value": "/shared/sglang-cache"}],
+            }
+        )
+    )
+    pod = build_group_pods(own, "decode", 0, 0, evaluate(own.spec).roles["decode"])[0]
+    named = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == "SGLANG_CACHE_DIR"]
+    assert named == [{"name": "SGLANG_CACHE_DIR", "value": "/shared/sglang-cache"}]
+
+
 def test_group_service_is_headless_publishes_not_ready_and_selects_the_epoch() -> None:
     svc = build_group_service(deepseek(), "decode", 0, epoch=3)
     assert svc["spec"]["clusterIP"] == "None"

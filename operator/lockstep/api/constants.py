@@ -30,6 +30,12 @@ RUNTIME_INSTALL = "lockstep-runtime-install"
 RUNTIME_VOLUME = "lockstep-runtime"
 RUNTIME_MOUNT = "/opt/lockstep/runtime"
 RUNTIME_LAUNCH = f"{RUNTIME_MOUNT}/launch.py"
+# SGLang's compile and JIT caches (SGLANG_CACHE_DIR: Triton, Inductor, the CUDA JIT,
+# DeepGEMM, FlashInfer, TileLang, CuTe AOT and SGLang's own JIT kernels live under it in
+# SGLang 0.5.21-0.5.23) on a volume of the pod, so an in-place restart keeps them.
+CACHE_VOLUME = "sglang-cache"
+CACHE_MOUNT = "/var/cache/sglang"
+ENV_SGLANG_CACHE_DIR = "SGLANG_CACHE_DIR"
 
 # Labels on every object the operator owns.
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"

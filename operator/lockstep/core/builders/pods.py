@@ -56,6 +56,9 @@ def _env(pdd: PDDeployment, role: RoleSpec, policy: RolePolicy, epoch: int) -> l
             },
         }
     )
+    if all(var.name != c.ENV_SGLANG_CACHE_DIR for var in policy.user_env):
+        # The user's own cache location (a shared volume, say) wins over the pod's.
+        env.append({"name": c.ENV_SGLANG_CACHE_DIR, "value": c.CACHE_MOUNT})
     for var in policy.user_env:
         item: Obj = {"name": var.name}
         if var.value_from is not None:
@@ -256,11 +259,19 @@ def _group_pods(
                 "timeoutSeconds": 3,
                 "failureThreshold": 3,
             },
-            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            "volumeMounts": [
+                {"name": "dshm", "mountPath": "/dev/shm"},
+                {"name": c.CACHE_VOLUME, "mountPath": c.CACHE_MOUNT},
+            ],
             # The pod agent's `POST /stacks` runs py-spy on the rank processes.
             "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}},
         }
-        volumes: list[Obj] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+        # The compile and JIT caches outlive the container (an emptyDir lives as long as
+        # the pod): an in-place restart finds the kernels its last start built.
+        volumes: list[Obj] = [
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": c.CACHE_VOLUME, "emptyDir": {}},
+        ]
         init_containers: list[Obj] = []
         if runtime.inject:
             container["volumeMounts"].append(
