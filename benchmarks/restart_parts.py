@@ -13,7 +13,9 @@ restart:
 - `launcher_s`: that to the engine process started (`engine_start`);
 - `imports_s`: the engine's pin check and SGLang's imports (`sglang_imported`);
 - `model_load_s`: that to every scheduler of the group in its loop (`scheduler_loop`:
-  processes spawned, distributed init, weights loaded, KV cache allocated);
+  processes started, distributed init, weights loaded, KV cache allocated);
+  `subprocess_start` says how the real engine started them after the restart (forked
+  from the engine process or spawned, `lockstep_sglang.start_method`);
 - `warmup_s`: that to the leader's first passing deep probe (`probe_ok`: the HTTP server
   up, SGLang's warm-up request served);
 - `operator_after_probe_s`: that to re-admission (the operator seeing the probe, the
@@ -67,11 +69,17 @@ def parts(result: Any, timelines: dict[str, list[dict[str, Any]]]) -> dict[str, 
     readmitted = verdict + sum(phases.values())
     asked: float | None = None
     marks: dict[str, float] = {}
+    methods: set[str] = set()
     for events in timelines.values():
         ended = first(events, "restarted", verdict)
         if ended is None:
             continue
         asked = ended if asked is None else min(asked, ended)
+        methods |= {
+            str(e.get("method"))
+            for e in events
+            if e["event"] == "subprocess_start" and e["at"] >= ended
+        }
         row = {
             "restarted": ended,
             "container_start": first(events, "container_start", ended),
@@ -99,6 +107,7 @@ def parts(result: Any, timelines: dict[str, list[dict[str, Any]]]) -> dict[str, 
     }
     out["verdict_to_readmitted_s"] = round(readmitted - verdict, 2)
     out["restart_mode"] = result.restart_mode
+    out["subprocess_start"] = sorted(methods) or None
     out["phases"] = phases
     return out
 
