@@ -4,9 +4,11 @@ operator's webhook server on loopback over TLS (self-signed CA injected by the o
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +181,69 @@ def test_webhook_refusal_is_not_a_server_error(webhooked: tuple[LocalControlPlan
             GROUP, VERSION, ns, PLURAL, obj
         )
     assert info.value.status == 422
+
+
+def _variant(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    obj: dict[str, Any] = yaml.safe_load((REPO / "examples/pd-small.yaml").read_text())
+    change(obj)
+    return obj
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(obj: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node = obj
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return change
+
+
+# What a user may write, and what the cluster (the API server's CRD schema and metadata
+# rules, then lockstep's webhook) says of it: `lockstep check` must say the same.
+CORPUS: dict[str, dict[str, Any]] = {
+    "good": _variant(lambda o: None),
+    "bool-as-string": _variant(_set("spec.router.enabled", "yes")),
+    "int-as-string": _variant(_set("spec.decode.tp", "2")),
+    "fractional-int": _variant(_set("spec.decode.tp", 2.5)),
+    "below-minimum": _variant(_set("spec.health.periodSeconds", 0)),
+    "not-an-enum-value": _variant(_set("spec.safety.mode", "Strict")),
+    "unknown-field": _variant(_set("spec.decode.tpSize", 2)),
+    "label-value-too-long": _variant(_set("metadata.labels", {"team": "x" * 64})),
+    "label-value-good": _variant(_set("metadata.labels", {"team": "serving-a"})),
+    "annotation-key-bad": _variant(_set("metadata.annotations", {"bad key": "v"})),
+    "annotation-good": _variant(_set("metadata.annotations", {"example.org/ticket": "INC 42"})),
+    "name-a-subdomain-not-a-label": _variant(_set("metadata.name", "qwen.small")),
+    "operator-owned-flag": yaml.safe_load(
+        (REPO / "examples/unsafe/operator-owned-flag.yaml").read_text()
+    ),
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case", sorted(CORPUS))
+def test_lockstep_check_says_what_the_cluster_says(
+    webhooked: tuple[LocalControlPlane, str], tmp_path: Path, case: str
+) -> None:
+    cp, ns = webhooked
+    obj = CORPUS[case]
+    obj["metadata"]["namespace"] = ns
+    path = tmp_path / f"{case}.yaml"
+    path.write_text(yaml.safe_dump(obj))
+    server = subprocess.run(
+        [str(find_kubectl()), "--kubeconfig", str(cp.kubeconfig), "apply", "--dry-run=server",
+         "-f", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    check = subprocess.run(
+        [sys.executable, "-m", "lockstep.cli", "check", "-f", str(path), "-o", "json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    report = json.loads(check.stdout)
+    assert report["accepted"] == (server.returncode == 0), (case, server.stderr, report)
+    if not report["accepted"]:
+        # Both name the field at fault (the API server by its path, up to a map key).
+        refused = [f for f in report["findings"] if f["action"] == "rejected"]
+        fields = {f["field"].split("[")[0] for f in refused or report["findings"]}
+        assert any(field in server.stderr for field in fields), (fields, server.stderr)

@@ -604,7 +604,12 @@ def test_a_node_behind_the_outlier_of_three_incidents_is_named_and_cordoned_only
         wait_for(lambda: bool(env.core.read_node(node).spec.unschedulable), 30, "the cordon")
         annotations = env.core.read_node(node).metadata.annotations
         assert annotations[CORDONED_BY_ANNOTATION] == f"{env.ns}/{NAME}"
-        assert any(r == "NodeCordoned" and node in m for r, m in env.events())
+        # The Event is written once the cordon's patch returned: it may trail it.
+        wait_for(
+            lambda: any(r == "NodeCordoned" and node in m for r, m in env.events()),
+            10,
+            "the NodeCordoned Event",
+        )
         # A person uncordons it: the operator leaves it so.
         env.core.patch_node(node, {"spec": {"unschedulable": False}})
         time.sleep(5)

@@ -108,6 +108,42 @@ def test_schema_errors_are_rejections_with_field_paths(
 
 
 @pytest.mark.parametrize(
+    ("where", "value", "field"),
+    [
+        # What the API server refuses by the CRD's types, not read as something else.
+        (("spec", "router", "enabled"), "yes", "spec.router.enabled"),
+        (("spec", "decode", "tp"), "2", "spec.decode.tp"),
+        # And by its metadata rules.
+        (("metadata", "labels"), {"team": "x" * 64}, "metadata.labels['team']"),
+        (("metadata", "annotations"), {"bad key": "v"}, "metadata.annotations['bad key']"),
+    ],
+)
+def test_check_refuses_what_the_api_server_would(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    where: tuple[str, ...],
+    value: object,
+    field: str,
+) -> None:
+    obj = yaml.safe_load((EXAMPLES / "pd-small.yaml").read_text())
+    node = obj
+    for key in where[:-1]:
+        node = node.setdefault(key, {})
+    node[where[-1]] = value
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(obj))
+    code, out, _ = run(capsys, "check", "-f", str(bad), "-o", "json")
+    assert code == 1
+    assert [f["field"] for f in json.loads(out)["findings"]] == [field]
+    # A label and an annotation Kubernetes takes pass.
+    obj = yaml.safe_load((EXAMPLES / "pd-small.yaml").read_text())
+    obj["metadata"]["labels"] = {"app.kubernetes.io/team": "serving-a"}
+    obj["metadata"]["annotations"] = {"example.org/ticket": "INC 42, see the runbook"}
+    bad.write_text(yaml.safe_dump(obj))
+    assert run(capsys, "check", "-f", str(bad))[0] == 0
+
+
+@pytest.mark.parametrize(
     ("content", "needle"),
     [(None, "cannot read"), ("a: [", "not valid YAML"), ("- 1\n- 2\n", "exactly one YAML mapping")],
 )

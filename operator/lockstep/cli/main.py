@@ -77,7 +77,9 @@ def _evaluate(path: str, mode: str | None) -> tuple[PDDeployment | None, dict[st
     """Parse and judge a file: (the object when valid, the check report)."""
     obj = _with_mode(load_document(path), mode)
     try:
-        pdd = parse_pddeployment(obj)
+        # Strict: the file's JSON types as the API server checks them (a string where a
+        # boolean belongs is refused here as it is there).
+        pdd = parse_pddeployment(obj, strict=True)
     except InvalidPDDeployment as err:
         return None, {"accepted": False, "findings": _spec_findings(err), "effective": {}}
     result: PolicyResult = evaluate(pdd.spec)

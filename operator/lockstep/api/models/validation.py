@@ -5,6 +5,7 @@ must accept), and the runtime image filled in."""
 from __future__ import annotations
 
 import difflib
+import json
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -20,6 +21,10 @@ from lockstep.api.models.resource import PDDeployment
 from lockstep.api.models.roles import NODE_AFFINITY_FIELDS, WeightsVolume
 
 # ----------------------------------------------------------------- validation
+
+# The API server's bound on an object's annotations, keys and values together
+# (apimachinery's TotalAnnotationSizeLimitB).
+MAX_ANNOTATIONS_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,13 @@ class InvalidPDDeployment(ValueError):
         super().__init__("; ".join(str(p) for p in problems))
 
 
-def parse_pddeployment(obj: Mapping[str, Any]) -> PDDeployment:
+def parse_pddeployment(obj: Mapping[str, Any], *, strict: bool = False) -> PDDeployment:
     """Validate a PDDeployment object (schema, then cross-field rules).
+
+    `strict`: JSON types as the API server checks them against the CRD's schema (a string
+    where a boolean or an integer belongs is refused, not read as one): what `lockstep
+    check` says of a file before the API server sees it. Objects read back from the API
+    server have passed that schema already.
 
     Raises `InvalidPDDeployment` with every problem found, each naming its field path.
     """
@@ -58,7 +68,10 @@ def parse_pddeployment(obj: Mapping[str, Any]) -> PDDeployment:
     if obj.get("kind") != c.KIND:
         problems.append(SpecProblem("kind", f"is {obj.get('kind')!r}", f"use {c.KIND}"))
     try:
-        pdd = PDDeployment.model_validate(dict(obj))
+        if strict:
+            pdd = PDDeployment.model_validate_json(json.dumps(dict(obj), default=str), strict=True)
+        else:
+            pdd = PDDeployment.model_validate(dict(obj))
     except ValidationError as err:
         problems.extend(_schema_problems(err))
         raise InvalidPDDeployment(problems) from None
@@ -66,6 +79,43 @@ def parse_pddeployment(obj: Mapping[str, Any]) -> PDDeployment:
     if problems:
         raise InvalidPDDeployment(problems)
     return pdd
+
+
+def metadata_problems(pdd: PDDeployment) -> list[SpecProblem]:
+    """The API server's rules for the PDDeployment's own labels and annotations
+    (k8s.io/apimachinery's ValidateLabels and ValidateAnnotations)."""
+    problems: list[SpecProblem] = []
+    meta = pdd.metadata
+    for key, value in sorted(meta.labels.items()):
+        path = f"metadata.labels[{key!r}]"
+        why = k8s.qualified_name(key)
+        if why is not None:
+            problems.append(SpecProblem(path, f"key {why}", k8s.FIX_LABEL_KEY, "kubernetes"))
+        why = k8s.label_value(value)
+        if why is not None:
+            problems.append(
+                SpecProblem(path, f"value {value!r} {why}", k8s.FIX_LABEL_VALUE, "kubernetes")
+            )
+    size = 0
+    for key, value in sorted(meta.annotations.items()):
+        size += len(key) + len(value)
+        why = k8s.qualified_name(key.lower())
+        if why is not None:
+            problems.append(
+                SpecProblem(
+                    f"metadata.annotations[{key!r}]", f"key {why}", k8s.FIX_LABEL_KEY, "kubernetes"
+                )
+            )
+    if size > MAX_ANNOTATIONS_BYTES:
+        problems.append(
+            SpecProblem(
+                "metadata.annotations",
+                f"total {size} bytes, more than the API server's {MAX_ANNOTATIONS_BYTES}",
+                "move large values out of annotations (a ConfigMap)",
+                "kubernetes",
+            )
+        )
+    return problems
 
 
 def cross_field_problems(pdd: PDDeployment) -> list[SpecProblem]:
@@ -86,6 +136,7 @@ def cross_field_problems(pdd: PDDeployment) -> list[SpecProblem]:
                 f"use at most {MAX_NAME_LENGTH} characters; {k8s.FIX_DNS1035_LABEL}",
             )
         )
+    problems.extend(metadata_problems(pdd))
     spec = pdd.spec
     for role_name in c.ROLES:
         role = spec.role(role_name)
