@@ -19,12 +19,14 @@ controlplane:
 	@bash .ci/build-controlplane >/dev/null
 
 # The incident drill on the local cluster: a real control plane, the process kubelet, CPU
-# stand-in SGLang ranks in real gloo groups and the real operator, installed with the
-# Helm chart (helm from `tools`); a desync is injected into a decode group spanning two
-# pods and lockstep detects, drains, restarts the whole group and re-admits it while the
-# other groups keep serving.
+# stand-in SGLang ranks in real gloo groups, the real operator installed with the Helm
+# chart (helm from `tools`) and the real sglang-router in front; traffic goes through the
+# router as a client's would (streams, a two-minute wait). A desync is injected into a
+# decode group spanning two pods and lockstep detects, drains, restarts the whole group
+# and re-admits it while the other groups keep serving; the summary says what the users
+# saw: the requests the incident caught and how each ended.
 demo: venv tools controlplane
-	$(BIN)/lockstep dev drill --scenario desync
+	$(BIN)/lockstep dev drill --scenario desync --router
 
 # Lint, format, types, the import contracts (who may import what: pyproject.toml's
 # [tool.importlinter]) and the house's shape (module and class sizes, the step and

@@ -102,6 +102,8 @@ def render_result(console: Console, result: DrillResult) -> None:
     for name, value in (*rows, *(router_rows if result.router else ())):
         figures.add_row(name, str(value))
     console.print(figures)
+    if result.failover:
+        console.print(users_table(result))
     for inc in result.incidents:
         console.print(
             Panel(
@@ -113,6 +115,36 @@ def render_result(console: Console, result: DrillResult) -> None:
                 title=f"incident {inc['id']} ({inc['state']})",
             )
         )
+
+
+def users_table(result: DrillResult) -> Table:
+    """What the users of the served model saw of each incident, through the router: the
+    requests it caught (sent before the group left the router, still waiting when it
+    broke) and how each ended, the longest wait past the verdict, the streams it cut."""
+    table = Table(title="what the users saw (through the router)")
+    for column in ("incident", "caught", "ended 200", "HTTP error", "no answer",
+                   "longest wait past the verdict", "streams caught"):  # fmt: skip
+        table.add_column(column)
+    for n, f in enumerate(result.failover, start=1):
+        streams = ", ".join(
+            f"{s['how']}: {s['finish'] or s['error'] or 'no end'}" for s in f["streams"]
+        )
+        table.add_row(
+            str(n),
+            str(f["caught"]),
+            str(f["caught_ok"]),
+            str(f["caught_error"]),
+            str(f["caught_cut"]),
+            f"{f['longest_wait_past_verdict_s']} s",
+            streams or "-",
+        )
+    lost = sum(f["caught"] - f["caught_ok"] for f in result.failover)
+    table.caption = (
+        "no request caught by an incident was lost"
+        if lost == 0
+        else f"{lost} request(s) caught by an incident did not end 200"
+    )
+    return table
 
 
 def run_with_live_view(drill: Drill) -> int:
