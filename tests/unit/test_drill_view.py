@@ -21,8 +21,12 @@ def _incident(caught: int, ok: int, **extra: Any) -> dict[str, Any]:
     return {
         "caught": caught, "caught_ok": ok, "caught_error": caught - ok, "caught_cut": 0,
         "caught_failed": [], "longest_wait_past_verdict_s": 1.25,
-        "streams": [{"how": "mid-stream", "held": True, "tokens": 12, "finish": "abort",
-                     "error": None}],
+        "streams": [
+            {"how": "aborted", "held": True, "tokens": 12, "error": None,
+             "finish": {"type": "abort", "message": "the TP group went down"}},
+            {"how": "completed", "held": False, "tokens": 400, "error": None,
+             "finish": {"type": "length", "length": 400}},
+        ],
         **extra,
     }  # fmt: skip
 
@@ -35,7 +39,7 @@ def test_the_summary_says_what_the_incident_caught_and_that_none_was_lost() -> N
     assert [cell.strip() for cell in row.strip("│ ").split("│")][:6] == [
         "1", "6", "6", "0", "0", "1.25 s"
     ]  # fmt: skip
-    assert "mid-stream: abort" in row
+    assert "aborted (abort), completed (length)" in row
     assert "no request caught by an incident was lost" in out
 
 

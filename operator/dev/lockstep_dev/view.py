@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -117,6 +119,16 @@ def render_result(console: Console, result: DrillResult) -> None:
         )
 
 
+def _ending(stream: Mapping[str, Any]) -> str:
+    """How a stream ended, in a word: SGLang's finish reason type, else the error."""
+    finish = stream.get("finish")
+    if isinstance(finish, Mapping):
+        return str(finish.get("type") or "finished")
+    if finish:
+        return str(finish)
+    return "error" if stream.get("error") else "no end"
+
+
 def users_table(result: DrillResult) -> Table:
     """What the users of the served model saw of each incident, through the router: the
     requests it caught (sent before the group left the router, still waiting when it
@@ -126,9 +138,7 @@ def users_table(result: DrillResult) -> Table:
                    "longest wait past the verdict", "streams caught"):  # fmt: skip
         table.add_column(column)
     for n, f in enumerate(result.failover, start=1):
-        streams = ", ".join(
-            f"{s['how']}: {s['finish'] or s['error'] or 'no end'}" for s in f["streams"]
-        )
+        streams = ", ".join(f"{s['how']} ({_ending(s)})" for s in f["streams"])
         table.add_row(
             str(n),
             str(f["caught"]),
