@@ -26,6 +26,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep_dev.drills import Drill
+from lockstep_dev.drills.failover import holds_no_more
 
 
 @pytest.mark.timeout(2400)
@@ -58,8 +59,10 @@ def test_real_servers_recover_from_a_desync_and_a_stopped_rank_through_the_route
         assert all(s["how"] == ("aborted" if s["held"] else "completed") for s in fo["streams"]), (
             step
         )
-        assert fo["loads_after"]["prefill/0"] == fo["loads_before"]["prefill/0"], step
-        assert fo["loads_after"]["decode/1"] == fo["loads_before"]["decode/1"], step
+        # The groups that stayed hold no more than while idle (a pair-probe try may
+        # have been in flight at either read).
+        for key in ("prefill/0", "decode/1"):
+            assert holds_no_more(fo["loads_after"][key], fo["loads_before"][key]), step
     # The other decode group served throughout (the router's requests all landed there).
     assert result.requests["router"]["sent"] > result.requests["router"]["failed"]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep_dev.drills import Drill
+from lockstep_dev.drills.failover import holds_no_more
 
 
 @pytest.mark.timeout(900)
@@ -48,8 +49,10 @@ def test_four_incidents_through_the_router_lose_no_request_and_cut_no_stream_sil
         assert all(s["how"] == ("aborted" if s["held"] else "completed") for s in fo["streams"]), (
             step
         )
-        assert fo["loads_after"]["prefill/0"] == fo["loads_before"]["prefill/0"], step
-        assert fo["loads_after"]["decode/1"] == fo["loads_before"]["decode/1"], step
+        # The groups that stayed hold no more than while idle (a pair-probe try may
+        # have been in flight at either read).
+        for key in ("prefill/0", "decode/1"):
+            assert holds_no_more(fo["loads_after"][key], fo["loads_before"][key]), step
         assert step["affected_received_while_drained"] == 0, step
         assert step["router_failed_after_drain"] == 0, step
     assert result.router_stale_workers == []
