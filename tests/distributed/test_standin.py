@@ -8,6 +8,7 @@ the leader pod, the pod agents' ``/ranks``, the fault file and ``ranks.json``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -407,6 +408,57 @@ def test_one_pod_group_hang_fails_the_probe_without_a_consensus_failure(
     assert pod.wait_exit(timeout=8) == 0
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid), f"rank pid {pid} left"
+
+
+def test_slow_steps_longer_than_the_gloo_timeout_start_and_stop_together_on_every_rank(
+    launcher: Launcher,
+) -> None:
+    # A slow model step is slow on every rank; each rank reads its own pod's fault file,
+    # here a second apart (the drills' writer reaches the pods one by one). Were a rank
+    # to sleep out its step alone, its peer would wait in the forward's collective past
+    # the gloo timeout and the group would die; the slow drill lost a group that way.
+    gloo_timeout_s, slow_s = 4.0, 6.0
+    pods = launcher.group(
+        tp=2,
+        nnodes=2,
+        LOCKSTEP_GLOO_TIMEOUT_SECONDS=str(gloo_timeout_s),
+        LOCKSTEP_STANDIN_REQUEST_TIMEOUT_S="120",
+    )
+    leader, follower = pods
+    wait_serving(leader, pods)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        leader.fault(kind="slow", step_seconds=slow_s)
+        started = time.monotonic()
+        slow = pool.submit(
+            lambda: leader.post(
+                "/generate",
+                {"text": "slow together", "sampling_params": {"max_new_tokens": 2}},
+                timeout=120,
+            )
+        )
+        time.sleep(1.0)
+        follower.fault(kind="slow", step_seconds=slow_s)
+        answer = slow.result(timeout=120)
+        took = time.monotonic() - started
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["text"] == expected_text("slow together", 2)
+    assert took >= slow_s, took
+    # Cleared the same way, a second apart, in the middle of a slow request.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        slow = pool.submit(
+            lambda: leader.post(
+                "/generate",
+                {"text": "cleared apart", "sampling_params": {"max_new_tokens": 3}},
+                timeout=120,
+            )
+        )
+        time.sleep(1.0)
+        follower.fault(kind="none")
+        time.sleep(1.0)
+        leader.fault(kind="none")
+        assert slow.result(timeout=120).status_code == 200
+    assert generate(leader, "fast again", 2).json()["text"] == expected_text("fast again", 2)
+    assert all(pod.proc.poll() is None for pod in pods), leader.output()[-3000:]
 
 
 def _is_zombie(pid: int) -> bool:

@@ -67,8 +67,9 @@ Files in ``LOCKSTEP_POD_DIR``:
   the group has requests, inside the next request broadcast (``broadcast_pyobj`` on
   ``tp:cpu``) when it is idle; decisions stay identical (no consensus failure), every
   rank shows the same collective with no progress, the probe times out; the gloo
-  timeout ends the group. ``slow``: each batch of the named ranks takes ``step_seconds`` longer
-  (keep it under the gloo timeout); iterations keep advancing. The file survives a
+  timeout ends the group. ``slow``: each batch of the named ranks takes ``step_seconds`` longer,
+  and so the group's (the forward's collective carries it: every rank waits out the
+  slowest, from the same iteration on); iterations keep advancing. The file survives a
   container restart (same pod directory): clear it, or set ``epoch``, so a restarted
   group does not fail again.
 

@@ -15,7 +15,13 @@ Started by the pod (:mod:`lockstep_standin.pod`) as
 3. runs :class:`Scheduler`: per iteration, rank 0 pulls requests from the HTTP server and
    broadcasts them on ``tp:cpu`` (SGLang's ``broadcast_pyobj``), probes are answered at
    the top of the loop, every rank decides batch vs idle from the shared state and
-   records the decision through the consensus before the forward's collective.
+   records the decision through the consensus before the forward's collective. The
+   forward's collective gathers each rank's batch size and ``slow`` fault: every rank
+   checks the sizes agree, then waits out the slowest rank's extra step time, so slow
+   steps start and stop at the same iteration on every rank (each rank reads its own
+   ``fault.json``; with a rank sleeping before the collective, a peer that read the file
+   a moment earlier waited in it for the whole slow step, past the gloo timeout: a 60 s
+   step failed a drill that way).
 
 The loop never exits on its own: any exception (a gloo timeout, a peer that vanished)
 ends the process with status 1, and the consensus ends it with status 1 on a divergence;
@@ -218,14 +224,17 @@ class Scheduler:
         with self.runtime.state.step():
             if stuck:
                 self._stuck()
-            if slow_s > 0:
-                time.sleep(slow_s)
             if self.spec.step_s > 0:
                 time.sleep(self.spec.step_s)
-            total = torch.tensor([size], dtype=torch.int64)
-            dist.all_reduce(total, group=self.groups.device)
-            if int(total.item()) != size * len(self.groups.world):
-                raise RuntimeError(f"forward all-reduce gave {int(total.item())} for batch {size}")
+            mine = torch.tensor([size, round(slow_s * 1000)], dtype=torch.int64)
+            gathered = [torch.zeros_like(mine) for _ in self.groups.world]
+            dist.all_gather(gathered, mine, group=self.groups.device)
+            sizes = [int(t[0]) for t in gathered]
+            if any(other != size for other in sizes):
+                raise RuntimeError(f"forward all-gather gave batch sizes {sizes} for {size}")
+            slowest_s = max(int(t[1]) for t in gathered) / 1000
+            if slowest_s > 0:
+                time.sleep(slowest_s)
 
     def _stuck(self) -> None:
         """The ``hang`` fault: wait in a receive no peer ever matches, up to the gloo bound.
