@@ -119,6 +119,17 @@ def test_the_local_image_env_reaches_sglang_containers_under_their_own_env() -> 
     assert "LOCKSTEP_CONSENSUS" not in engine("standin").complete(argv, {}, ctx)[1]
 
 
+def test_the_real_server_runs_eager_on_cpu_unless_the_pod_turns_dynamo_on() -> None:
+    # Inductor's C++ compile of SGLang's few torch.compile'd functions cost a cold TP2
+    # pod 26 s of its 63 s start here (sglang_cpu's docstring); a pod's own env still wins.
+    eng = engine("sglang")
+    argv = local_argv(SGLANG_POD, {}, eng.commands)
+    ctx = ContainerContext(SGLANG_POD, {}, "127.0.64.9", Path("/nonexistent"))
+    assert eng.complete(argv, {}, ctx)[1]["TORCHDYNAMO_DISABLE"] == "1"
+    own = eng.complete(argv, {"TORCHDYNAMO_DISABLE": "0"}, ctx)[1]
+    assert own["TORCHDYNAMO_DISABLE"] == "0"
+
+
 @pytest.mark.parametrize("scenario", DRILL_SCENARIOS)
 def test_every_drill_deployment_passes_the_models_and_the_policy(
     scenario: str, tmp_path: Path

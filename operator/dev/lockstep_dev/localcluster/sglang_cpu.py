@@ -14,8 +14,15 @@ real kernels; here (no GPU, no model hub) the same server runs on CPU with:
   pynccl would try CUDA), `SGLANG_CPU_OMP_THREADS_BIND` (one core per rank),
   `LD_LIBRARY_PATH` with the Debian libraries mooncake's TCP transfer needs (extracted
   by `.ci/setup-sglang-cpu`, not installed), `MC_FORCE_TCP=1` (mooncake over TCP, no
-  RDMA), and `SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0` (else a CUDA stream on
-  a prefix hit);
+  RDMA), `SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX=0` (else a CUDA stream on
+  a prefix hit), and `TORCHDYNAMO_DISABLE=1` unless the caller sets it: SGLang wraps a
+  few small functions in `torch.compile` (the vocab-parallel mask under TP > 1, the
+  sampler's), which on CPU means Inductor's C++ code compiled by gcc at each cold start
+  into the pod's compile cache. Measured here (a TP2 server alone on this 2-core machine,
+  start to deep probe 200): 63.2 s with an empty cache, 37.1 s with Dynamo off; under a
+  drill's load (five servers on two cores, a recreated pod starting cold) it was minutes.
+  A 2-layer random model gains nothing from the fused kernels; a GPU image keeps them
+  (and its compile cache, `SGLANG_CACHE_DIR`, on the pod's volume);
 - flags: the CPU device, torch-native attention and sampling, no CUDA graphs, float32, a
   small KV pool, sleep when idle; decode keeps retraction backups in CPU tensors.
 
@@ -119,6 +126,8 @@ def cpu_env(
     env["SGLANG_NCCL_SO_PATH"] = "/nonexistent/lockstep-cpu/libnccl.so"
     env["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in cores)
     env["SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX"] = "0"
+    # Eager on CPU (see the module docstring); a caller may turn Dynamo back on.
+    env.setdefault("TORCHDYNAMO_DISABLE", "1")
     # No RDMA here: mooncake's TCP transport (what SGLang's `mooncake_tcp` backend sets),
     # so the operator's rendered `--disaggregation-transfer-backend mooncake` stays.
     env["MC_FORCE_TCP"] = "1"
