@@ -32,8 +32,14 @@ if TYPE_CHECKING:
 # again through the router (the bound; 3 s of it is the router's retry backoff).
 PAST_VERDICT_BOUND_S = {"standin": 5.0, "sglang": 15.0}
 # The long stream each incident of the sequence catches on decode/0 (tokens: long enough
-# to be under way when the fault lands, on each engine's speed here).
-STREAM_TOKENS = {"standin": 4000, "sglang": 1500}
+# to be under way when the fault lands, on each engine's speed here, and short enough
+# that one landing elsewhere completes). Measured here: a held stream had made 50-102
+# tokens on the stand-in, 10-11 on the real engine, when its abort came. One elsewhere
+# must end within the stand-in's own request limit (30 s: with 4000 tokens one ended
+# 504 "no answer within 30s" after 3291 tokens on this loaded machine) and within the
+# client's two minutes on the real engine beside a recreated group importing SGLang
+# (with 1500 tokens one on CI ended cut; how, the run did not record).
+STREAM_TOKENS = {"standin": 1000, "sglang": 400}
 
 
 def leader_urls(drill: Drill) -> dict[str, str]:
