@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: demo test venv tools controlplane lint test-unit test-chart test-controlplane \
+.PHONY: demo test setup venv tools controlplane lint test-unit test-chart test-controlplane \
         test-distributed test-sglang test-realsglang test-releases test-e2e crd
 
 venv:
@@ -25,7 +25,8 @@ controlplane:
 # decode group spanning two pods and lockstep detects, drains, restarts the whole group
 # and re-admits it while the other groups keep serving; the summary says what the users
 # saw: the requests the incident caught and how each ended.
-demo: venv tools controlplane
+demo:
+	@$(MAKE) --no-print-directory setup
 	$(BIN)/lockstep dev drill --scenario desync --router
 
 # Lint, format, types, the import contracts (who may import what: pyproject.toml's
@@ -41,8 +42,15 @@ lint: venv
 
 # Every tier, in one pytest run; each tier also runs alone (make test-<tier>). The 25
 # slowest tests are listed at the end (CI time is budgeted: keep it under 60 minutes).
-test: venv tools controlplane lint
+test:
+	@$(MAKE) --no-print-directory setup
+	@$(MAKE) --no-print-directory lint
 	$(PYTEST) --durations=25 tests
+
+# The set-up both quick-start commands need, its three parts at once: the venv's pip
+# mostly waits on downloads while the control plane's cold build keeps both cores busy.
+setup:
+	@$(MAKE) --no-print-directory -j3 venv tools controlplane
 
 test-unit: venv
 	$(PYTEST) -m unit tests
