@@ -27,14 +27,16 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the_hooks(
     real_server: Callable[..., RealServer], real_router: Callable[..., str]
 ) -> None:
-    # The prefill starts SGLang's subprocesses as SGLang does (spawned, the default), the
-    # decode forks them from its engine process (opted into): the pair serves either way.
-    prefill = real_server(tp=1, mode="prefill", cores=[0])
-    decode = real_server(tp=1, mode="decode", cores=[1], env={"LOCKSTEP_SUBPROCESS_START": "fork"})
+    # The prefill starts SGLang's subprocesses as SGLang does (spawned, as its pod asks),
+    # the decode forks them from its engine process (the default): the pair serves either way.
+    prefill = real_server(
+        tp=1, mode="prefill", cores=[0], env={"LOCKSTEP_SUBPROCESS_START": "spawn"}
+    )
+    decode = real_server(tp=1, mode="decode", cores=[1])
     prefill.wait_ready()
     decode.wait_ready()
     assert _start_methods(prefill) == [
-        ("spawn", "SGLang's own spawn (LOCKSTEP_SUBPROCESS_START is not fork)")
+        ("spawn", "SGLang's own spawn, as the pod asks (LOCKSTEP_SUBPROCESS_START=spawn)")
     ]
     assert [method for method, _ in _start_methods(decode)] == ["fork"]
     # A PD server alone refuses a request without its peer's bootstrap.

@@ -40,9 +40,9 @@ def test_the_release_serves_restarts_in_place_and_ends_on_a_forced_divergence(
         version,
         # The operator's rendezvous: base port + epoch (a restart moves to the next one).
         args=["--dist-init-addr", f"{HOST}:20000"],
-        # The launcher refuses any other release; the schedulers are forked (opted into:
-        # each release's engine must take that path too).
-        env={"LOCKSTEP_SGLANG_VERSION": version, "LOCKSTEP_SUBPROCESS_START": "fork"},
+        # The launcher refuses any other release; the schedulers are forked (the default:
+        # each release's engine must take that path).
+        env={"LOCKSTEP_SGLANG_VERSION": version},
         hold_s=5,
     )
     # The venv holds that release and the torch it pins (its wheel's metadata says which).
@@ -78,8 +78,8 @@ def test_the_release_serves_restarts_in_place_and_ends_on_a_forced_divergence(
     assert state["epoch"] == "1" and state["previous_epoch"] == "0"
     assert "rendezvous port 20001" in server.log.read_text()
     assert server.generate("served again in epoch 1").status_code == 200
-    # Both starts forked SGLang's schedulers from the engine process, as asked (SGLang
-    # imported once per start, not again in every subprocess).
+    # Both starts forked SGLang's schedulers from the engine process (SGLang imported
+    # once per start, not again in every subprocess).
     starts = [e for e in timeline.read(server.state_dir) if e["event"] == "subprocess_start"]
     assert [e["method"] for e in starts] == ["fork", "fork"], starts
     # An ask for the epoch it already runs changes nothing (the operator may repeat it).

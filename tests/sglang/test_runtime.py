@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -211,7 +210,8 @@ def test_the_engine_chooses_how_its_schedulers_start_just_before_sglang_starts_t
 
     target = "sglang.srt.entrypoints.engine:Engine._launch_scheduler_processes"
     original = pins.resolve(target)
-    config = replace(_config(tmp_path), subprocess_start="fork")
+    config = _config(tmp_path)
+    assert config.subprocess_start == "fork"  # the default
     (tmp_path / "state").mkdir()
     server_hooks.install_server_hooks(config)
     server_hooks.install_server_hooks(config)  # idempotent

@@ -37,19 +37,19 @@ def test_a_cuda_context_in_the_engine_process_keeps_spawn_and_says_why() -> None
     assert "torch.cuda.is_initialized()" in choice.why
 
 
-def test_spawn_unless_the_pod_asks_for_fork_and_a_platform_without_fork_spawns() -> None:
+def test_the_pod_may_ask_for_spawn_and_a_platform_without_fork_spawns() -> None:
     asked = start_method.decide("spawn", cuda_initialized=False, available=LINUX)
     assert asked == start_method.Choice(
-        "spawn", "SGLang's own spawn (LOCKSTEP_SUBPROCESS_START is not fork)"
+        "spawn", "SGLang's own spawn, as the pod asks (LOCKSTEP_SUBPROCESS_START=spawn)"
     )
     no_fork = start_method.decide("fork", cuda_initialized=False, available=("spawn",))
     assert no_fork.method == "spawn" and "cannot fork" in no_fork.why
 
 
 def test_a_bad_setting_is_refused_naming_the_variable_and_its_values() -> None:
-    assert RuntimeConfig.from_env({}).subprocess_start == "spawn"  # SGLang's own
-    assert RuntimeConfig.from_env({"LOCKSTEP_SUBPROCESS_START": " Fork "}).subprocess_start == (
-        "fork"
+    assert RuntimeConfig.from_env({}).subprocess_start == "fork"  # where it is safe
+    assert RuntimeConfig.from_env({"LOCKSTEP_SUBPROCESS_START": " Spawn "}).subprocess_start == (
+        "spawn"
     )
     with pytest.raises(ValueError, match="LOCKSTEP_SUBPROCESS_START must be one of fork, spawn"):
         RuntimeConfig.from_env({"LOCKSTEP_SUBPROCESS_START": "forkserver"})

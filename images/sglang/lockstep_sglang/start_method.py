@@ -9,13 +9,13 @@ than half of a real-engine restart). The engine process (:mod:`lockstep_sglang.e
 has imported SGLang's scheduler by then (the hooks live there), so a forked child starts
 in the loaded interpreter and goes straight to its distributed init and weights.
 
-It is opted into (``LOCKSTEP_SUBPROCESS_START=fork``; the default stays SGLang's
-``spawn``): on this project's 2-core machine a forked restart of the real engine took the
-schedulers from 92.3 s to 8.4 s, but the real-engine sequence drill (desync, then a
-stopped rank, through the router) failed once with it on by default: after the desynced
-group's restart, the pair probe between the prefill and the other decode group kept
-failing and that decode group was restarted without cause. Until that is understood the
-default does not change.
+It is the default (``LOCKSTEP_SUBPROCESS_START=spawn`` keeps SGLang's own way): on this
+project's 2-core machine it took a real-engine restart's "every scheduler in its loop"
+from 92.3 s to 8.4 s, and the real-engine sequence drill (desync, then a stopped rank,
+through the router) from 653.8 s to 368.6 s. It was opted into for a while because that
+drill once failed with it on (a healthy decode group's pair tries failed while it ran
+three long streams, and it was restarted; cause not found, not seen again since the
+drills' streams were sized to end: the runtime's README says what was run).
 
 A fork is only safe from a parent that holds no device context: a CUDA context does not
 survive ``fork`` (the child's first CUDA call fails), so the engine process decides
@@ -24,7 +24,7 @@ moment, and keeps ``spawn`` where:
 
 - ``torch.cuda.is_initialized()`` is true in the engine process (something touched the
   GPU; on a GPU node SGLang's own argument checks may do so), or
-- ``LOCKSTEP_SUBPROCESS_START`` is ``spawn`` or unset, or
+- the pod sets ``LOCKSTEP_SUBPROCESS_START=spawn``, or
 - the platform has no ``fork`` (not Linux).
 
 The choice and its reason are a milestone of the pod's start-up timeline
@@ -49,7 +49,7 @@ logger = logging.getLogger("lockstep_sglang.start_method")
 
 START_ENV = "LOCKSTEP_SUBPROCESS_START"
 METHODS = ("fork", "spawn")
-DEFAULT = "spawn"  # fork is opted into; see the module docstring
+DEFAULT = "fork"  # see the module docstring
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Choice:
 
 
 def requested(environ: Mapping[str, str]) -> str:
-    """The pod's ``LOCKSTEP_SUBPROCESS_START`` (default ``spawn``); ``ValueError`` names
+    """The pod's ``LOCKSTEP_SUBPROCESS_START`` (default ``fork``); ``ValueError`` names
     the variable and the values it takes."""
     raw = environ.get(START_ENV, "").strip().lower() or DEFAULT
     if raw not in METHODS:
@@ -72,7 +72,7 @@ def requested(environ: Mapping[str, str]) -> str:
 def decide(wanted: str, *, cuda_initialized: bool, available: tuple[str, ...]) -> Choice:
     """Fork, unless something makes it unsafe or the pod asked for spawn (pure)."""
     if wanted == "spawn":
-        return Choice("spawn", f"SGLang's own spawn ({START_ENV} is not fork)")
+        return Choice("spawn", f"SGLang's own spawn, as the pod asks ({START_ENV}=spawn)")
     if "fork" not in available:
         return Choice("spawn", f"this platform ({sys.platform}) cannot fork")
     if cuda_initialized:

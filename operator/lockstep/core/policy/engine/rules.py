@@ -161,8 +161,9 @@ RUNTIME_GUARD_ENV: dict[str, str] = {
     "LOCKSTEP_PROBE_MAX_TIMEOUT_S": "bounds the deep probe's timeout",
     "LOCKSTEP_EXIT_HOLD_S": "is how long a pod keeps serving its evidence after the server ends",
     "LOCKSTEP_STATE_DIR": "is where the ranks publish the state the pod agent serves",
-    "LOCKSTEP_SUBPROCESS_START": "is how SGLang's schedulers start (SGLang's own spawn; "
-    "forking them from the engine process is still under test and not offered yet)",
+    "LOCKSTEP_SUBPROCESS_START": "is how SGLang's schedulers start; the runtime forks them "
+    "from the engine process where no device context makes that unsafe, and spawns them "
+    "otherwise (it says which in the pod's start-up timeline)",
     "LOCKSTEP_TERMINATION_LOG": "is where the runtime writes why it refused to start; the "
     "operator reads it from the pod's status (the container's termination message)",
 }
