@@ -4,7 +4,8 @@ scenario; each has a hard timeout so a hang fails the test instead of CI.
 
 A desync, a hang, a killed rank and a deleted pod are one drill through the real router
 (tests/e2e/test_router_drills.py: one cluster, four incidents, in place then recreated),
-which also judges the requests each incident caught."""
+which also judges the requests each incident caught. The concurrent drill is also watched
+by a real Prometheus (the chart's alerts and dashboard)."""
 
 from __future__ import annotations
 
@@ -71,5 +72,16 @@ def test_operator_killed_mid_recovery_finishes_without_doubling() -> None:
 
 @pytest.mark.timeout(600)
 def test_two_broken_groups_with_one_restart_slot_restart_one_after_the_other() -> None:
-    r = drill("concurrent")
+    # Watched by a real Prometheus as the chart's monitoring would (the ServiceMonitor's
+    # scrape, the chart's alerts with every `for` a 120th: lockstep_dev.drills.monitoring):
+    # with both decode groups out, decode has no serving group, then fewer than wanted
+    # while they restart one after the other; both alerts fire after the fault and are
+    # resolved once both are back, and every dashboard query draws something.
+    alerts = ("LockstepRoleDown", "LockstepRoleBelowDesiredGroups")
+    r = drill("concurrent", prometheus=alerts)
     assert r.restarts["decode/0"] == 1 and r.restarts["decode/1"] == 1
+    seen = r.prometheus
+    assert seen["targets"], seen
+    assert all(any(first >= 0 for first, _ in seen["alerts"][a]) for a in alerts), seen
+    assert all(panel["samples"] > 0 for panel in seen["dashboard"].values()), seen
+    assert seen["restarts_shown"] >= 1.5, seen  # two restarts (increase() extrapolates)

@@ -76,6 +76,15 @@ def add_parser(sub: Any) -> None:
     )
     drill.add_argument("--engine", choices=ENGINE_CHOICES, default="standin", help=ENGINE_HELP)
     drill.add_argument("--keep", type=Path, help="keep the cluster's files in this directory")
+    drill.add_argument(
+        "--prometheus",
+        metavar="ALERT",
+        nargs="*",
+        help="a real Prometheus watches the drill as the chart's monitoring would (the "
+        "ServiceMonitor's scrape, the chart's alerts with every `for` a 120th); the "
+        "ALERTs named must fire after the fault and resolve after the recovery, and every "
+        "dashboard query must return data",
+    )
     drill.set_defaults(func=cmd_drill)
 
 
@@ -227,6 +236,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
             recovery_mode=args.mode,
             router=args.router,
             engine=args.engine,
+            prometheus=args.prometheus,
         )
     except ValueError as exc:
         print(f"lockstep dev drill: {exc}", file=sys.stderr)

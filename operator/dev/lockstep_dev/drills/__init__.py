@@ -16,6 +16,8 @@ The package:
 - `deployment`: the drill deployment (`drill_spec`) and its names;
 - `restart` and `failover`: one incident recovered by a whole-group restart and its checks,
   and what the requests it caught saw (most scenarios are one or more of these);
+- `monitoring`: a drill watched by a real Prometheus as the chart's monitoring would (its
+  alerts fire and resolve, its dashboard's queries return data);
 - `suspects`: the suspect-node checks of a drill whose deployment sets
   `recovery.suspectNodes` (the condition, the Events, the cordon or none);
 - `scenario`: `Scenario`, what the harness knows of a scenario (its spec overrides,

@@ -102,6 +102,9 @@ class DrillResult:
     # The pd-path drill's healthy run before its faults (`soak_s`): verdicts, the pair
     # probe's Events and tries, and the probe requests each group served.
     soak: dict[str, Any] = field(default_factory=dict)
+    # A drill watched by a real Prometheus (`prometheus=`, `drills.monitoring`): the
+    # alerts that fired (seconds after the injection), the dashboard's queries.
+    prometheus: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -1,20 +1,19 @@
 """The harness every scenario runs in: one scenario on one fresh local cluster.
 
-A drill starts a fresh `DevCluster` (the scenario's cluster options, and its `prepare`
-before the deployment exists), applies the drill deployment (`examples/local-drill.yaml`,
-with the scenario's spec overrides), waits until every group is healthy (and routed),
-sends traffic to every Ready group the whole time (as a router would), runs the
-scenario's `act` (inject its fault into decode group 0, wait for the expected outcome
-with a hard bound, judge), and returns the figures (`lockstep_dev.drills.figures`).
+A drill starts a fresh `DevCluster` (the scenario's cluster options, and its `prepare` before
+the deployment exists), applies the drill deployment (`examples/local-drill.yaml`, with the
+scenario's spec overrides), waits until every group is healthy (and routed), sends traffic to
+every Ready group the whole time (as a router would), runs the scenario's `act` (inject its
+fault into decode group 0, wait for the expected outcome with a hard bound, judge), and returns
+the figures (`lockstep_dev.drills.figures`).
 
-With `engine="sglang"` every SGLang pod runs the real launcher and the real SGLang
-0.5.23 server on CPU (the tiny model; PD over mooncake TCP) instead of the stand-in, and
-the router is always on: a real PD decode server serves only with the prefill bootstrap
-the router adds. Only the scenarios that list the engine (`REAL_SGLANG_SCENARIOS`) run
-on it.
+With `engine="sglang"` every SGLang pod runs the real launcher and the real SGLang 0.5.23
+server on CPU (the tiny model; PD over mooncake TCP) instead of the stand-in, and the router is
+always on: a real PD decode server serves only with the prefill bootstrap the router adds. Only
+the scenarios that list the engine (`REAL_SGLANG_SCENARIOS`) run on it.
 
-With `router=True` the real sglang-router runs too (as the operator renders it), every
-request goes through it, and the figures say what it did around the drain (`figures`).
+With `router=True` the real sglang-router runs too (as the operator renders it), every request
+goes through it, and the figures say what it did around the drain (`figures`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import httpx
 
 from lockstep.api import constants as c
 from lockstep_dev.cluster import DevCluster, wait_for
-from lockstep_dev.drills import figures
+from lockstep_dev.drills import figures, monitoring
 from lockstep_dev.drills.deployment import (
     AFFECTED,
     NAME,
@@ -75,20 +74,22 @@ class Drill:
         spares: int = 0,
         suspect_nodes: Mapping[str, Any] | None = None,
         soak_s: float = 0.0,
+        prometheus: Sequence[str] | None = None,
     ) -> None:
-        """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the
-        audit log for the least-privilege drill); `router` puts the real sglang-router in
-        front and sends the traffic through it; `recovery_mode`: the deployment's
-        `recovery.mode`; `engine` is what the SGLang pods run (see the module docstring);
-        `slow_steps`: the slow drill's step lengths (default: its `SLOW_STEPS`);
-        `step_bounds`: the deployment's `health.stepBounds` (None: the drill's, `{}`: the
-        defaults); `sequence`: the sequence scenario's incidents (default: the engine's);
-        `keep_going`: go on after an incident that failed its checks (a benchmark
-        measures every one); `spares`: decode's warm spares in the capacity scenario;
-        `suspect_nodes`: the deployment's `recovery.suspectNodes` (the sequence drill then
-        judges the nodes its incidents' outliers ran on, `drills.suspects`; with `cordon`
-        the chart is installed with `rbac.cordonNodes`); `soak_s`: the pd-path drill's
-        healthy run under traffic before its faults (`benchmarks/pd_path.py`)."""
+        """`cluster_options` go to :class:`DevCluster` (e.g. an operator identity and the audit
+        log for the least-privilege drill); `router` puts the real sglang-router in front and
+        sends the traffic through it; `recovery_mode`: the deployment's `recovery.mode`;
+        `engine` is what the SGLang pods run (see the module docstring); `slow_steps`: the
+        slow drill's step lengths (default: its `SLOW_STEPS`); `step_bounds`: the
+        deployment's `health.stepBounds` (None: the drill's, `{}`: the defaults); `sequence`:
+        the sequence scenario's incidents (default: the engine's); `keep_going`: go on after
+        an incident that failed its checks (a benchmark measures every one); `spares`:
+        decode's warm spares in the capacity scenario; `suspect_nodes`: the deployment's
+        `recovery.suspectNodes` (the sequence drill then judges the nodes its incidents'
+        outliers ran on, `drills.suspects`; with `cordon` the chart is installed with
+        `rbac.cordonNodes`); `soak_s`: the pd-path drill's healthy run under traffic before
+        its faults (`benchmarks/pd_path.py`); `prometheus`: the alerts a real Prometheus
+        must see fire and resolve (`drills.monitoring`)."""
         definition = lookup(scenario)
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
@@ -97,11 +98,11 @@ class Drill:
                 f"scenario {scenario!r} runs on the stand-in only; on the real SGLang engine: "
                 f"{', '.join(REAL_SGLANG_SCENARIOS)}"
             )
-        self.definition = definition
+        self.definition, self.scenario = definition, scenario
         self.engine = engine
         self.sequence = tuple(sequence) if sequence is not None else None
-        self.keep_going, self.soak_s = keep_going, soak_s
-        self.spares = spares
+        self.keep_going, self.soak_s, self.spares = keep_going, soak_s, spares
+        self.watch = monitoring.Watch(self, prometheus)
         self.slow_steps = tuple(slow_steps) if slow_steps is not None else None
         self.step_bounds = None if step_bounds is None else dict(step_bounds)
         real = engine == "sglang"
@@ -110,7 +111,6 @@ class Drill:
         if real:
             router = True  # a real PD decode server needs the router's prefill bootstrap
             timeout_s = max(timeout_s, 420.0)
-        self.scenario = scenario
         self.suspect_nodes = None if suspect_nodes is None else dict(suspect_nodes)
         options = dict(cluster_options or {})
         if self.suspect_nodes and self.suspect_nodes.get("cordon"):
@@ -123,12 +123,10 @@ class Drill:
         router = router or definition.router
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"lockstep-drill-{scenario}-"))
-        self.observer = observer
-        self.timeout_s = timeout_s
+        self.observer, self.timeout_s = observer, timeout_s
         self.cluster = DevCluster(self.workdir, engine=engine, **options)
         self.traffic: Traffic | None = None
-        self.router = router
-        self.recovery_mode = recovery_mode
+        self.router, self.recovery_mode = router, recovery_mode
         self.result = DrillResult(
             scenario, router=router, recovery_mode=recovery_mode, engine=engine
         )
@@ -137,11 +135,9 @@ class Drill:
         self.readmitted_at: float | None = None
         self.samples: list[tuple[float, dict[str, str]]] = []  # (time, group -> step)
         self.first_injection: float | None = None
-        # Whether decode/0 had a serving (Ready, not deleting) leader, sampled by a
-        # scenario's `watch` (the node-drain drill's).
+        # Whether decode/0 had a serving (Ready, not deleting) leader (node-drain's `watch`).
         self.serving: list[tuple[float, bool]] = []
-        # (time, serving groups short of the role's wanted count), sampled by a
-        # scenario's `watch` (the spares drill's capacity figure).
+        # (time, serving groups short of the role's wanted count): the spares drill's `watch`.
         self.capacity: list[tuple[float, int]] = []
         # Groups a fault was injected into and no verdict yet: they serve nothing.
         self.down: set[str] = set()
@@ -301,6 +297,7 @@ class Drill:
                 "local cluster up: control plane, process kubelet, operator"
                 + (" (the Helm chart's)" if self.cluster.operator_mode == "chart" else "")
             )
+            self.watch.start()
             if self.definition.prepare is not None:
                 self.definition.prepare(self)
             self.cluster.apply(drill_spec(**self.spec_overrides()))
@@ -320,9 +317,11 @@ class Drill:
 
             self.wait(all_started, self.ready_timeout_s, "every group healthy")
             self._start_traffic(applied)
+            self.watch.mark_serving()
             time.sleep(3)
             self.act()
             time.sleep(3)
+            self.watch.judge()
         except (TimeoutError, RuntimeError, AssertionError) as err:
             self.result.passed = False
             self.result.reason = str(err)
@@ -336,6 +335,7 @@ class Drill:
                 self.result.restarts = figures.restarts(self.status())
             except Exception as err:  # the cluster may be gone after a failure
                 self.result.notes.append(f"could not read final status: {err}")
+            self.watch.stop()
             self.cluster.stop()
             self.result.duration_s = round(time.time() - started, 1)
             if self._own_dir and self.result.passed:

@@ -56,7 +56,7 @@ class RouteError(RuntimeError):
     """A Service address that has no ready endpoint (the message says why)."""
 
 
-def _ready(pod: Mapping[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
         return False
@@ -68,7 +68,7 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     )
 
 
-def _target_port(pod: Mapping[str, Any], target: Any) -> int | None:
+def target_port(pod: Mapping[str, Any], target: Any) -> int | None:
     if isinstance(target, int) or (isinstance(target, str) and target.isdigit()):
         return int(target)
     for container in (pod.get("spec") or {}).get("containers") or []:
@@ -103,7 +103,7 @@ def resolve(
         target = ports[0].get("targetPort", port)
         ready = []
         for pod in pods_of(str(meta["namespace"]), selector):
-            number = _target_port(pod, target) if _ready(pod) else None
+            number = target_port(pod, target) if pod_ready(pod) else None
             if number is not None:
                 ready.append((str(pod["status"]["podIP"]), number))
         if not ready:
