@@ -9,7 +9,6 @@ stays quiet on those it is not).
 
 from __future__ import annotations
 
-import functools
 import re
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ import yaml
 from test_chart import REPO, VALUE_SETS, find, one, render
 
 from lockstep.clients.metrics import Metrics
+from lockstep_dev.localcluster.prometheus import find_prometheus
 
 RULES = REPO / "charts/lockstep/alerts/lockstep.rules.yaml"
 UNIT_TESTS = Path(__file__).parent / "alerts" / "lockstep.rules.test.yaml"
@@ -27,16 +27,15 @@ RUNBOOKS = REPO / "docs/runbooks.md"
 MONITORED = VALUE_SETS["servicemonitor-and-dashboard"]
 
 
-@functools.cache
 def promtool() -> str:
-    out = subprocess.run(
-        ["bash", str(REPO / ".ci/fetch-prometheus")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    )
-    return str(Path(out.stdout.strip().splitlines()[-1]) / "promtool")
+    return str(find_prometheus() / "promtool")
+
+
+def run_promtool(cwd: Path, *args: str) -> str:
+    """promtool with `args` in `cwd`; its stdout, once it succeeded."""
+    done = subprocess.run([promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def rendered_groups(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,24 +50,9 @@ def alerts(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def test_the_rendered_alerts_pass_promtools_check_and_its_unit_tests(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rendered_groups(MONITORED)}))
     shutil.copy(UNIT_TESTS, tmp_path / UNIT_TESTS.name)
-    checked = subprocess.run(
-        [promtool(), "check", "rules", "rules.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"SUCCESS: {len(alerts(rendered_groups(MONITORED)))} rules found" in checked.stdout
-    tested = subprocess.run(
-        [promtool(), "test", "rules", UNIT_TESTS.name],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert tested.returncode == 0, tested.stdout + tested.stderr
-    assert "SUCCESS" in tested.stdout
+    checked = run_promtool(tmp_path, "check", "rules", "rules.yaml")
+    assert f"SUCCESS: {len(alerts(rendered_groups(MONITORED)))} rules found" in checked
+    assert "SUCCESS" in run_promtool(tmp_path, "test", "rules", UNIT_TESTS.name)
 
 
 def test_every_alert_is_unit_tested_has_a_runbook_and_reads_exported_metrics() -> None:

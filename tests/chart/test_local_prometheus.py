@@ -7,11 +7,10 @@ panel would, are run by a real Prometheus in the drill (tests/e2e/test_drills.py
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import yaml
-from test_alerts import promtool
+from test_alerts import run_promtool
 from test_chart import REPO
 
 from lockstep_dev.cluster import CHART_VALUES
@@ -48,15 +47,7 @@ def test_the_scrape_job_and_the_drill_rules_pass_promtools_config_check(tmp_path
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
     config = {"rule_files": ["rules.yaml"], "scrape_configs": [job]}
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    checked = subprocess.run(
-        [promtool(), "check", "config", "prometheus.yml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS" in checked.stdout
+    assert "SUCCESS" in run_promtool(tmp_path, "check", "config", "prometheus.yml")
 
 
 def test_discovery_finds_each_selected_pod_and_port_with_kubernetes_sds_labels() -> None:

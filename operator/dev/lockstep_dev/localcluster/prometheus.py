@@ -28,6 +28,7 @@ the window shown, `$__range` its length and `$__rate_interval` four scrape inter
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import socket
@@ -214,6 +215,7 @@ def render_monitoring(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[s
     return docs["ServiceMonitor"], docs["PrometheusRule"]
 
 
+@functools.cache
 def find_prometheus() -> Path:
     """The bin directory of the distribution's prometheus (`.ci/fetch-prometheus`)."""
     root = repo_root()
