@@ -76,6 +76,28 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
     wait_for(lambda: _busy(_load(prefill)) == 0 == _busy(_load(decode)), 60, "both idle")
     assert _try_pair(p_end, d_end).ok
 
+    # The PD path's drill faults, through lockstep's hooks in the real prefill: its TP
+    # collectives, HTTP server and deep probe stay fine while the hand-off fails.
+    # transfer-stall: the prefill computes, its KV sender sends nothing for the new room.
+    prefill.inject("transfer-stall")
+    stalled = _try_pair(p_end, d_end)
+    print(f"transfer-stall: {stalled}")
+    assert not stalled.ok and stalled.decode_error is not None, stalled
+    assert "not answering" not in (stalled.prefill_error or ""), stalled
+    assert prefill.probe().status_code == 200 and decode.probe().status_code == 200
+    assert "the KV of room" in prefill.tail(200) and f"{stalled.room}" in prefill.tail(200)
+    wait_for(lambda: _held(prefill) == [] and _held(decode) == [], 30, "nothing held")
+    # bootstrap-down: the prefill's bootstrap server closes every connection unanswered.
+    prefill.inject("bootstrap-down")
+    down = _try_pair(p_end, d_end)
+    print(f"bootstrap-down: {down}")
+    assert not down.ok and "not answering" in (down.prefill_error or ""), down
+    assert prefill.probe().status_code == 200 and decode.probe().status_code == 200
+    wait_for(lambda: _held(prefill) == [] and _held(decode) == [], 30, "nothing held")
+    # Cleared, the same pair hands off again.
+    prefill.inject("none")
+    wait_for(lambda: _try_pair(p_end, d_end).ok, 60, "the pair hands off again")
+
 
 def _try_pair(p: PairEnd, d: PairEnd, timeout_s: float = 4.0) -> PairResult:
     """One try of the operator's pair probe (its defaults' deadline)."""

@@ -61,7 +61,7 @@ from sglang.srt.utils import common as sglang_common
 from sglang.srt.utils import rank_consensus_checker as rcc
 from sglang.utils import TypeBasedDispatcher
 
-from lockstep_sglang import gloo_timeout, timeline
+from lockstep_sglang import gloo_timeout, pd_faults, timeline
 from lockstep_sglang.collectives import (
     CollectiveTracer,
     patch_everywhere,
@@ -440,8 +440,10 @@ def install_scheduler_hooks(config: RuntimeConfig) -> None:
     install_loop_hooks(scheduler_mod.Scheduler)
     install_queue_hooks()
     _wrap(SchedulerRequestReceiver, "_pull_raw_reqs", _pull_hook)
-    if os.environ.get(FAULT_FILE_ENV, "").strip():
+    watcher = watcher_from_env() if os.environ.get(FAULT_FILE_ENV, "").strip() else None
+    if watcher is not None:
         _wrap(SchedulerRequestReceiver, "recv_requests", _fault_recv_hook)
+        pd_faults.install_sender_stall(watcher)
     rcc._check_for_consensus = _check_for_consensus
 
 

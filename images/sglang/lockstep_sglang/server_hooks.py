@@ -42,10 +42,11 @@ from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.utils import is_health_check_generate_req
 from sglang.utils import TypeBasedDispatcher
 
-from lockstep_sglang import hooks, start_method, timeline
+from lockstep_sglang import hooks, pd_faults, start_method, timeline
 from lockstep_sglang.config import RuntimeConfig
 from lockstep_sglang.failover import Failover, HeldRequest, end_everything
 from lockstep_sglang.failover import add_routes as add_failover_routes
+from lockstep_sglang.faults import watcher_from_env
 from lockstep_sglang.hooks import LockstepProbeOutput, LockstepProbeReq
 from lockstep_sglang.inflight import COUNTER, INFLIGHT_ROUTE, InflightMiddleware
 from lockstep_sglang.probe import ProbeGate, ProbeReply, ProbeRequest
@@ -320,6 +321,9 @@ def install_server_hooks(config: RuntimeConfig) -> None:
         _route_added = True
     hook_signal_handlers()
     hook_subprocess_start()
+    watcher = watcher_from_env()  # the test fault switch (None in production)
+    if watcher is not None:
+        pd_faults.install_bootstrap_down(watcher)
     # engine.py looks this name up when it starts the DP controller process.
     engine_mod.run_data_parallel_controller_process = hooks.run_data_parallel_controller_process
 
