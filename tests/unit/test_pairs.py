@@ -205,7 +205,12 @@ def _targets(prefills: int = 1, decodes: int = 2) -> PairTargets:
 def test_a_try_sends_both_halves_the_prefills_bootstrap_and_one_token() -> None:
     seen: list[tuple[str, dict[str, Any]]] = []
 
+    asked: list[str] = []
+
     def handler(req: httpx.Request) -> httpx.Response:
+        if req.method == "GET":
+            asked.append(str(req.url))
+            return httpx.Response(200, text="OK")
         seen.append((str(req.url), json.loads(req.content)))
         return httpx.Response(200, json={"text": "x"})
 
@@ -215,6 +220,8 @@ def test_a_try_sends_both_halves_the_prefills_bootstrap_and_one_token() -> None:
     assert result.ok and result.key == (0, 0) and result.latency_s is not None
     urls = sorted(u for u, _ in seen)
     assert urls == ["http://10.0.0.1:30000/generate", "http://10.0.1.1:30000/generate"]
+    # Beside the two halves, the prefill's bootstrap server (SGLang's heartbeat route).
+    assert asked == ["http://10.0.0.1:8998/health"]
     bodies = [b for _, b in seen]
     assert bodies[0] == bodies[1]  # one request, both halves, as the router sends it
     body = bodies[0]
@@ -222,6 +229,32 @@ def test_a_try_sends_both_halves_the_prefills_bootstrap_and_one_token() -> None:
     assert body["bootstrap_room"] == result.room
     assert body["rid"] == f"{PROBE_RID_PREFIX}{result.room}"
     assert body["sampling_params"]["max_new_tokens"] == 1
+
+
+def test_a_bootstrap_server_that_does_not_answer_fails_a_try_whose_hand_off_passed() -> None:
+    # A real decode hands off through the route it cached at its first room, so the
+    # halves pass; its own heartbeat drops the prefill soon after, and a decode that
+    # restarts cannot reach it: the try fails on the prefill's side, both halves ended.
+    ended: list[str] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/health":
+            raise httpx.RemoteProtocolError("disconnected", request=req)
+        if req.url.path == "/lockstep/abort":
+            ended.append(req.url.host)
+            return httpx.Response(200, json={"aborted": []})
+        if req.url.path == "/v1/loads":
+            return httpx.Response(200, json={"loads": [{"token_usage": 0.1}]})
+        return httpx.Response(200, json={"text": "x"})
+
+    prober, _ = _prober(handler, [0.0])
+    t = _targets(1, 1)
+    result = asyncio.run(prober.try_pair(t, t.prefills[0], t.decodes[0]))
+    assert not result.ok and result.decode_error is None, result
+    assert result.prefill_error == (
+        "bootstrap server 10.0.0.1:8998 not answering (RemoteProtocolError)"
+    )
+    assert sorted(ended) == ["10.0.0.1", "10.0.1.1"]
 
 
 def test_a_failed_try_asks_the_bootstrap_and_ends_both_halves_of_its_room() -> None:

@@ -7,12 +7,16 @@ the next one at once) it tries the pairs
 its own, one token, its own `bootstrap_room`, sent at once to the prefill group's leader
 and the decode group's leader (`POST /generate` on both, the prefill's address and
 bootstrap port as `bootstrap_host`/`bootstrap_port`, as sglang-router 0.3.2 sends them),
-both bounded by the deadline. The try passed when both halves answered 200 within it.
-When it did not, the prefill's bootstrap server is asked `GET /health` (SGLang's own
-heartbeat route: a prefill whose bootstrap server does not answer is the side at fault),
-and both halves of the room are ended at once through the leaders' `POST /lockstep/abort`
-(the runtime hands them to SGLang's abort, which frees what they held): a probe never
-leaves KV behind. Results go into a `PairBook`, which the control round reads; the loop
+both bounded by the deadline, and beside them the prefill's bootstrap server is asked
+`GET /health` (SGLang's own heartbeat route, one second). The try passed when both halves
+answered 200 within the deadline and the bootstrap server answered. A bootstrap server
+that does not answer fails the try even when the hand-off passed: a real SGLang decode
+caches a prefill's route after its first room (so its hand-offs go on), but its own
+heartbeat drops a prefill whose bootstrap `/health` failed twice, 5 s apart, and a decode
+that restarts or joins cannot reach it at all; the prefill is the side at fault. When
+the try failed, both halves of the room are ended at once through the leaders'
+`POST /lockstep/abort` (the runtime hands them to SGLang's abort, which frees what they
+held): a probe never leaves KV behind. Results go into a `PairBook`, which the control round reads; the loop
 decides nothing (`lockstep.core.verdicts.pairs` judges).
 
 Same client as the deep prober (httpx, async, bounded concurrency); clock, sleep and
@@ -186,12 +190,14 @@ class PairProber:
             "rid": f"{PROBE_RID_PREFIX}{room}",
         }
         start, timeout = self.clock(), targets.timeout
-        errors = await asyncio.gather(
+        prefill_error, decode_error, bootstrap = await asyncio.gather(
             self._half(f"http://{p.ip}:{p.port}/generate", body, timeout),
             self._half(f"http://{d.ip}:{d.port}/generate", body, timeout),
+            self._bootstrap(p),
         )
         latency = self.clock() - start
-        prefill_error, decode_error = errors
+        if bootstrap is not None:
+            prefill_error = f"{bootstrap}; {prefill_error}" if prefill_error else bootstrap
         ok = prefill_error is None and decode_error is None
         full = None
         if not ok:
@@ -200,9 +206,6 @@ class PairProber:
             # room is ended, while what held it back still does.
             loads = await asyncio.gather(self._loads(d), self._loads(p))
             full = full_from_loads("decode", loads[0]) or full_from_loads("prefill", loads[1])
-            bootstrap = await self._bootstrap(p)
-            if bootstrap is not None:
-                prefill_error = f"{bootstrap}; {prefill_error}" if prefill_error else bootstrap
             # Neither half may go on holding what it reserved for this room.
             await asyncio.gather(
                 *(self._abort(e, room, targets.token) for e in (p, d)),
