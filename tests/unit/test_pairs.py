@@ -162,6 +162,33 @@ def test_a_group_at_fault_waits_for_a_deep_probe_that_began_after_its_last_faile
     assert classify_pairs(broken, EPOCHS, 9.5, WINDOW, deep=unprobed).verdicts == {}
 
 
+def test_a_prefill_is_not_blamed_for_failures_a_broken_decode_peer_caused() -> None:
+    # decode/0's rank is stopped: its tries are out (it fails its deep probe, then it is in
+    # an incident), but prefill/0's sender is held up by it, so prefill/0 also fails with
+    # decode/1, which passes with prefill/1. Without the decode role's state that reads as
+    # prefill/0 at fault; while a decode is broken it waits, and after decode/0 is back
+    # only failures of periods that began after that count.
+    results = [tried(0, 1, False, 1.0), tried(1, 1, True, 1.0)]
+    results += [tried(0, 1, False, 5.0), tried(1, 1, True, 5.0)]
+    epochs = {("prefill", 0): 0, ("prefill", 1): 0, ("decode", 1): 0}
+    deep = dict.fromkeys(epochs, 100.0)
+    assert set(classify_pairs(results, epochs, 9.5, WINDOW, deep=deep).verdicts) == {
+        ("prefill", 0)
+    }  # what the judge made of it before
+    broken = {"decode": None, "prefill": 0.0}
+    judged = classify_pairs(results, epochs, 9.5, WINDOW, deep=deep, settled=broken)
+    assert judged.verdicts == {} and judged.links == () and judged.unexplained == ()
+    back = {"decode": 6.0, "prefill": 0.0}  # decode/0 re-admitted at 6.0
+    judged = classify_pairs(results, epochs, 9.5, WINDOW, deep=deep, settled=back)
+    assert judged.verdicts == {}
+    # A prefill that stays broken after that is judged on its own failures.
+    later = [*results, tried(0, 1, False, 7.0), tried(1, 1, True, 7.0)]
+    later += [tried(0, 1, False, 11.0), tried(1, 1, True, 11.0)]
+    judged = classify_pairs(later, epochs, 15.5, WINDOW, deep=deep, settled=back)
+    assert set(judged.verdicts) == {("prefill", 0)}
+    assert judged.verdicts[("prefill", 0)].evidence["failures"] == 2
+
+
 def test_a_group_busy_with_long_steps_is_not_blamed_for_its_slow_pairs() -> None:
     # decode/1 runs legitimately long model steps: its one-token tries miss the deadline
     # and one of its deep probes failed (a step in progress), though the newest passed.
@@ -373,3 +400,36 @@ def test_a_failed_try_on_a_full_decode_says_so() -> None:
     t = _targets(1, 1)
     result = asyncio.run(prober.try_pair(t, t.prefills[0], t.decodes[0]))
     assert not result.ok and result.full == "decode full: KV 97% used"
+
+
+def test_a_role_is_settled_since_its_last_group_came_back_and_not_while_one_is_broken() -> None:
+    from lockstep.control.judge import settled_roles
+    from lockstep.core.recovery import GroupRecord, IncidentRecord, Step
+
+    incident = IncidentRecord(
+        id="decode-1-1", epoch=0, reason="RankDown", first_failure_at=60.0, detected_at=62.0
+    )
+
+    def rec(role: str, index: int, step: Step, since: float, **more: object) -> GroupRecord:
+        return GroupRecord(role=role, index=index, step=step, step_since=since, **more)
+
+    healthy = [rec("prefill", 0, Step.HEALTHY, 10.0), rec("decode", 0, Step.HEALTHY, 30.0)]
+    healthy += [rec("decode", 1, Step.HEALTHY, 50.0)]
+    deep: dict[tuple[str, int], float | None] = {("decode", 0): 60.0, ("decode", 1): 61.0}
+    assert settled_roles(healthy, deep) == {"prefill": 10.0, "decode": 50.0}
+    # A decode in an incident (draining, restarting, coming back) unsettles the role, and
+    # so does a failing one before any verdict; a spare counts for nothing.
+    for step in (Step.DRAINING, Step.RESTARTING_IN_PLACE, Step.WAITING_PROBE, Step.READMITTING):
+        broken = [*healthy[:2], rec("decode", 1, step, 70.0, incident=incident)]
+        assert settled_roles(broken, deep)["decode"] is None, step
+    suspect = [*healthy[:2], rec("decode", 1, Step.SUSPECT, 70.0)]
+    assert settled_roles(suspect, deep)["decode"] is None
+    assert settled_roles(healthy, {**deep, ("decode", 0): None})["decode"] is None
+    spare = [*healthy, rec("decode", 2, Step.DRAINING, 80.0, spare=True, incident=incident)]
+    assert settled_roles(spare, deep) == {"prefill": 10.0, "decode": 50.0}
+    # A drain for maintenance is no incident; quarantine lasts: neither holds the other
+    # role's verdicts.
+    moving = [*healthy, rec("decode", 2, Step.DRAINING, 80.0)]
+    assert settled_roles(moving, deep) == {"prefill": 10.0, "decode": 50.0}
+    kept = [*healthy, rec("decode", 2, Step.QUARANTINED, 80.0, incident=incident)]
+    assert settled_roles(kept, deep) == {"prefill": 10.0, "decode": 50.0}

@@ -10,7 +10,7 @@ maintenance, the in-flight counts a drain waits for, the capture)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +171,28 @@ def judge_pairs(rt: Runtime, mem: Memory, seen: Seen) -> PairJudgement:
         nodes,
         deep=deep,
         deep_failed=deep_failed,
+        settled=settled_roles(mem.records.values(), deep),
     )
+
+
+def settled_roles(
+    records: Iterable[GroupRecord], deep: Mapping[tuple[str, int], float | None]
+) -> dict[str, float | None]:
+    """Per role, since when every serving group of it is Healthy with its newest deep
+    probe passing (None: one is failing or in an incident now). A broken group fails its
+    peers' tries with other groups too (`verdicts.pairs`)."""
+    settled: dict[str, float | None] = {}
+    for r in records:
+        role, n = str(r.role), needs(r)
+        if settled.get(role, 0.0) is None:
+            continue
+        if n.breaks_peers or (
+            n.pair_probe and (role, r.index) in deep and deep[(role, r.index)] is None
+        ):
+            settled[role] = None
+        elif n.pair_probe:
+            settled[role] = max(settled.get(role) or 0.0, r.step_since)
+    return settled
 
 
 def judge_kv(rt: Runtime, mem: Memory, seen: Seen) -> EndedKVJudgement:

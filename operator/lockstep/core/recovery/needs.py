@@ -43,6 +43,10 @@ class GroupNeeds:
     settled: bool  # Healthy and not failing: a passing probe changes nothing
     quarantined: bool  # waits for a person (the Degraded condition, the metric)
     pair_probe: bool  # serving and Healthy: its KV hand-off with the other role is tried
+    # Failing or in an open incident (Suspect, or from the verdict to re-admission; not
+    # quarantined, which lasts): its peers' pair failures with other groups may be its
+    # doing (`verdicts.pairs`).
+    breaks_peers: bool
 
 
 def needs(record: GroupRecord) -> GroupNeeds:
@@ -61,6 +65,11 @@ def needs(record: GroupRecord) -> GroupNeeds:
         settled=step is Step.HEALTHY and not record.detection.failures,
         quarantined=step is Step.QUARANTINED,
         pair_probe=step is Step.HEALTHY and not record.spare,
+        breaks_peers=not record.spare
+        and (
+            step is Step.SUSPECT
+            or (record.incident is not None and step not in (Step.HEALTHY, Step.QUARANTINED))
+        ),
     )
 
 

@@ -18,6 +18,15 @@ that began after its last failed period passed (its TP path works while its hand
 does not), and no deep probe of it failed since its first counted failure (a group
 busy with legitimately long model steps fails slow pairs and some deep probes: not
 its hand-off's fault); until then it waits, told nothing.
+
+A broken peer also fails its peers' tries with *other* groups: on the real engine a
+prefill's KV sender shares its transfer queues across rooms, so a send blocked on a
+stopped decode rank's socket holds the rooms queued behind it, hand-offs to healthy
+decodes included (a real-engine drill here: a decode rank stopped with SIGSTOP got its
+prefill peer judged `TransferBroken` and restarted too). So while a group of the other
+role is in an incident or failing its deep probe (`settled[role]` None), a group's pair
+failures wait, and once that role settled again only failures of periods that began
+after it count.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ def classify_pairs(
     *,
     deep: Mapping[GroupKey, float | None],
     deep_failed: Mapping[GroupKey, float] | None = None,
+    settled: Mapping[str, float | None] | None = None,
 ) -> PairJudgement:
     """Judge the tries of one deployment's pairs (see the module docstring). `epochs`:
     each group's current epoch (tries of another epoch do not count); `nodes`: each
@@ -68,7 +78,8 @@ def classify_pairs(
     probe of its epoch, the wall time it began if it passed, None if it failed (absent:
     none yet); `deep_failed`: when each group's newest failed deep probe of its epoch
     began (a group busy with long model steps fails some: its slow pairs are not its
-    hand-off's fault)."""
+    hand-off's fault); `settled`: per role, since when every group of it serves with its
+    deep probe passing (None: one does not now; absent: always)."""
     tp_failing = {g for g, passed in deep.items() if passed is None}
     current = sorted(
         (
@@ -98,8 +109,16 @@ def classify_pairs(
     for group, rs in tries.items():
         if group in passes:
             continue
+        since = (settled or {}).get(_other(group[0]), 0.0)
+        if since is None:
+            waiting.add(group)  # a peer of the other role is broken: collateral failures
+            continue
         last_pass = max((r.period for r in rs if r.ok), default=None)
-        failures = [r for r in rs if not r.ok and (last_pass is None or r.period > last_pass)]
+        failures = [
+            r
+            for r in rs
+            if not r.ok and (last_pass is None or r.period > last_pass) and r.period >= since
+        ]
         peers = {_peer(group, r) for r in failures}
         if len({r.period for r in failures}) < MIN_FAILURES:
             continue
@@ -137,6 +156,10 @@ def _failed_periods(key: PairKey, tries: list[PairResult]) -> int:
             break
         n += 1
     return n
+
+
+def _other(role: str) -> str:
+    return "decode" if role == "prefill" else "prefill"
 
 
 def _peer(group: GroupKey, r: PairResult) -> GroupKey:
