@@ -23,9 +23,14 @@ to its free, KV held by ended requests on every group before and after, the grou
 blamed: none should be) and the abort storm (`abort_storm`: per round, the streams
 cancelled mid-stream and before their first token, what every group held once quiet).
 
-Usage: python benchmarks/pd_path.py [--soak-seconds 600] (about 1 minute plus the soak
-on 2 cores). `--engine sglang` is refused: the PD-path faults have no hooks in the real
-SGLang server yet (docs/pd-path.md, "Not done yet").
+With `--engine sglang` the same cluster runs the real SGLang server on CPU (the faults
+through lockstep's hooks in it, `lockstep_sglang.pd_faults`): the soak and the two
+faults; the KV of ended requests is the stand-in's alone (the real server does not
+report it yet), and the probe requests per group are not counted (no request log).
+
+Usage: python benchmarks/pd_path.py [--engine standin|sglang] [--soak-seconds 600]
+(stand-in: about 1 minute plus the soak on 2 cores; real engine: about 4 minutes plus
+the soak).
 """
 
 from __future__ import annotations
@@ -43,15 +48,13 @@ def main() -> int:
     parser.add_argument("--engine", choices=["standin", "sglang"], default="standin")
     parser.add_argument("--soak-seconds", type=float, default=600.0)
     args = parser.parse_args()
-    if args.engine == "sglang":
-        print(
-            "benchmarks/pd_path.py: --engine sglang: the PD-path faults (transfer-stall, "
-            "bootstrap-down) have no hooks in the real SGLang server yet; run --engine standin",
-            file=sys.stderr,
-        )
-        return 2
     result = Drill(
-        "pd-path", router=True, keep_going=True, soak_s=args.soak_seconds, timeout_s=300.0
+        "pd-path",
+        engine=args.engine,
+        router=True,
+        keep_going=True,
+        soak_s=args.soak_seconds,
+        timeout_s=300.0 if args.engine == "standin" else 900.0,
     ).run()
     faults: list[dict[str, Any]] = []
     kv: dict[str, Any] = {}

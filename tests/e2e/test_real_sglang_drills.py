@@ -1,9 +1,10 @@
 """Incident drills on the real SGLang 0.5.23 server (the local cluster's `sglang` engine).
 
 Every SGLang pod of the drill deployment runs the product's own launcher and the real
-server on CPU (one prefill group of TP1, two decode groups of TP2, each spanning two
+server on CPU (two prefill groups of TP1, two decode groups of TP2, each spanning two
 pods; PD over mooncake TCP), behind the real sglang-router, with the real operator. One
-cluster, two incidents in decode group 0, each recovered before the next: a desync
+cluster, two incidents in decode group 0, then two in the PD path, each recovered before
+the next: a desync
 forced into one rank's decisions (restarted in place), then one rank's real scheduler
 process stopped with SIGSTOP, as a wedged GPU process is met (judged RankDown from /proc
 and named with its pod and node as the only outlier; the group failed again within the
@@ -14,7 +15,12 @@ stream on the group ended with SGLang's own abort event; the groups that stayed 
 what they held before (SGLang's /v1/loads). The deployment asks for suspect nodes after
 2 incidents with the cordon off (the default): the stopped rank's node hosted both
 incidents' outliers, so it is named (NodesSuspect, a NodeSuspect Event saying the cordon
-is off) and no node is cordoned. A second cluster runs a warm spare beside
+is off) and no node is cordoned. Then prefill/0's KV sender stops sending
+(`transfer-stall`) and prefill/1's bootstrap server stops answering (`bootstrap-down`),
+each through lockstep's hooks in the real server while its deep probe passes: each is
+judged `TransferBroken` from the pair probe, restarted alone (the decode groups and the
+other prefill group keep their epochs), and every request it caught ended 200 through
+the router. A second cluster runs a warm spare beside
 one serving decode group: a desync there is answered by the spare in seconds. A killed
 rank on the real engine is measured by benchmarks/failover.py (docs/failover.md); the stand-in
 drills (test_drills.py, test_router_drills.py) cover the other scenarios; where the two
@@ -34,7 +40,7 @@ def test_real_servers_recover_from_a_desync_and_a_stopped_rank_through_the_route
     result = Drill("sequence", engine="sglang", suspect_nodes={"incidents": 2}).run()
     print(result.to_json())
     assert result.passed, f"{result.reason}\n{result.to_json()}"
-    desync, stopped = result.steps
+    desync, stopped, stall, down = result.steps
     assert (desync["verdict"], desync["restart_mode"]) == ("Desynced", "InPlace")
     assert (stopped["verdict"], stopped["restart_mode"]) == ("RankDown", "Recreate")
     # The stopped rank alone is named, with its pod, its node and its process state.
@@ -44,7 +50,7 @@ def test_real_servers_recover_from_a_desync_and_a_stopped_rank_through_the_route
     # Its node hosted a desynced rank too: suspect, told, and (cordon off) not cordoned.
     assert result.suspects["nodes"] == {outlier["node"]: [desync["incident"], stopped["incident"]]}
     assert result.suspects["cordoned"] == []
-    for step in result.steps:
+    for step in (desync, stopped):
         # A desync acts at once; a stopped rank after three failed probes (2 s apart).
         assert step["time_to_detect_s"] < 20, step
         # Nothing reached the drained group, and nothing failed once it was drained.
@@ -63,6 +69,15 @@ def test_real_servers_recover_from_a_desync_and_a_stopped_rank_through_the_route
         # have been in flight at either read).
         for key in ("prefill/0", "decode/1"):
             assert holds_no_more(fo["loads_after"][key], fo["loads_before"][key]), step
+    # The PD path: the prefill group at fault alone judged and restarted, found by the
+    # pair probe long before SGLang's own 300 s waits, nothing lost through the router.
+    for step, key in ((stall, "prefill/0"), (down, "prefill/1")):
+        assert step["group"] == key and step["verdict"] == "TransferBroken", step
+        assert step["blamed"] == [key] and step["restarted"] == [key], step
+        assert step["time_to_detect_s"] is not None and step["time_to_detect_s"] < 30, step
+        fo = step["failover"]
+        assert fo["caught_ok"] == fo["caught"], step
+        assert fo["longest_wait_past_verdict_s"] <= 15.0, step
     # The other decode group served throughout (the router's requests all landed there).
     assert result.requests["router"]["sent"] > result.requests["router"]["failed"]
 

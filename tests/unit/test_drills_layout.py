@@ -65,6 +65,7 @@ def test_the_name_lists_callers_import_hold_what_they_held() -> None:
         "operator-crash",
         "spares",
         "capacity",
+        "pd-path",
     )
     assert NODE_SCENARIOS == ("node-drain", "unplaceable", "spares", "capacity", "upgrade")
 

@@ -20,7 +20,12 @@ group holds anything.
 
 With `soak_s` the faults wait for a healthy run that long under traffic first, which must
 give no verdict and no pair Event (`result.soak`: also the pair probe's tries and the
-probe requests each group served a second, from the stand-ins' request logs)."""
+probe requests each group served a second, from the stand-ins' request logs).
+
+On the real engine (`engine="sglang"`: the faults through lockstep's hooks in the real
+server) the drill runs the soak and the two faults; the KV of ended requests is the
+stand-in's alone (the real server does not report it yet). The CI drill of the real
+engine runs the two faults on the real sequence drill's cluster instead."""
 
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from lockstep_dev.drills.ended_kv import abort_storm, kv_leak
 from lockstep_dev.drills.failover import failover_checks
 from lockstep_dev.drills.figures import ts
 from lockstep_dev.drills.restart import Checks, stale_router_workers
-from lockstep_dev.drills.scenario import Scenario
+from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario
 from lockstep_dev.faults import FaultKind
 from lockstep_dev.traffic import request_log_arrivals
 
@@ -64,8 +69,10 @@ def act(drill: Drill) -> None:
     steps: list[tuple[str, Callable[[], Checks]]] = [
         (f"{kind} in {key}", partial(incident, drill, key, kind)) for key, kind in INCIDENTS
     ]
-    steps.append(("kv-leak in decode/0", partial(kv_leak, drill, GROUPS)))
-    steps.append(("the abort storm", partial(abort_storm, drill, GROUPS)))
+    if drill.engine == "standin":
+        # The real server does not report the KV of ended requests yet (docs/pd-path.md).
+        steps.append(("kv-leak in decode/0", partial(kv_leak, drill, GROUPS)))
+        steps.append(("the abort storm", partial(abort_storm, drill, GROUPS)))
     for what, run in steps:
         step = run()
         checks += [(ok, f"{what}: {why}") for ok, why in step]
@@ -94,7 +101,12 @@ def soak(drill: Drill) -> Checks:
         "verdicts": opened,
         "pair_events": told,
         "pairs": drill.status().get("pairs") or [],
-        "probe_requests_per_group_per_s": {g: round(n / seconds, 3) for g, n in probes.items()},
+        # Counted in the stand-ins' request logs (the real server keeps none).
+        "probe_requests_per_group_per_s": (
+            {g: round(n / seconds, 3) for g, n in probes.items()}
+            if drill.engine == "standin"
+            else None
+        ),
     }
     return [
         (not any(opened.values()), f"verdicts in a healthy run: {opened}"),
@@ -176,5 +188,10 @@ def evidence_line(inc: dict[str, Any]) -> str:
 
 
 SCENARIO = Scenario(
-    "pd-path", act, overrides=overrides, router=True, faulted=("prefill/0", "prefill/1")
+    "pd-path",
+    act,
+    engines=BOTH_ENGINES,
+    overrides=overrides,
+    router=True,
+    faulted=("prefill/0", "prefill/1"),
 )

@@ -1,5 +1,12 @@
 """`sequence`: one incident after another in decode/0 of one cluster, through the router
-on the real engine (what its CI drill runs), each recovered and judged before the next."""
+on the real engine (what its CI drill runs), each recovered and judged before the next.
+
+On the real engine the same cluster then breaks its PD path, with two prefill groups
+(`lockstep_dev.drills.scenarios.pd_path`'s incidents, through lockstep's hooks in the real
+SGLang server): `transfer-stall` in prefill/0, then `bootstrap-down` in prefill/1, each
+judged `TransferBroken` from the pair probe and restarted alone while the other prefill
+group serves (the stand-in runs them in the `pd-path` drill, with the KV of ended
+requests)."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from lockstep_dev.drills.deployment import AFFECTED, RecoveryMode
 from lockstep_dev.drills.restart import Checks, restart_checks
 from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario, step_bounds_overrides
+from lockstep_dev.drills.scenarios import pd_path
 from lockstep_dev.drills.suspects import suspect_checks
 from lockstep_dev.faults import FaultKind
 
@@ -36,9 +44,13 @@ STANDIN_SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
 def overrides(drill: Drill) -> dict[str, Any]:
     # Every incident of the sequence is a restart of one group within minutes:
     # room for all of them in the restart budget (the flapping drill tests it).
-    incidents = max(len(drill.sequence or ()), len(STANDIN_SEQUENCE))
+    incidents = max(len(drill.sequence or ()), len(STANDIN_SEQUENCE)) + len(pd_path.INCIDENTS)
     budget = {"restarts": incidents + 1, "windowSeconds": 3600}
-    return step_bounds_overrides(drill) or {"recovery": {"budget": budget}}
+    spec = step_bounds_overrides(drill) or {"recovery": {"budget": budget}}
+    if drill.engine == "sglang":
+        # A second prefill group: where a prefill's PD path breaks, the other serves.
+        spec = {**spec, "prefill": pd_path.overrides(drill)["prefill"]}
+    return spec
 
 
 def act(drill: Drill) -> None:
@@ -91,10 +103,17 @@ def act(drill: Drill) -> None:
         r.steps[-1]["passed"] = all(ok for ok, _ in step)
         checks += [(ok, f"{kind}: {why}") for ok, why in step]
         if not all(ok for ok, _ in step) and not drill.keep_going:
-            break
-    else:
-        if drill.suspect_nodes is not None:
-            checks += [(ok, f"suspect nodes: {why}") for ok, why in suspect_checks(drill)]
+            drill.conclude(checks)
+            return
+    if drill.suspect_nodes is not None:
+        checks += [(ok, f"suspect nodes: {why}") for ok, why in suspect_checks(drill)]
+    if drill.engine == "sglang":
+        for key, kind in pd_path.INCIDENTS:
+            drill.note(f"next: {kind} in {key}")
+            step = pd_path.incident(drill, key, kind)
+            checks += [(ok, f"{kind} in {key}: {why}") for ok, why in step]
+            if not all(ok for ok, _ in step) and not drill.keep_going:
+                break
     drill.conclude(checks)
 
 
