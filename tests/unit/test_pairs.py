@@ -7,13 +7,21 @@ import asyncio
 import itertools
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 
 from lockstep.clients.pair_prober import PairBook, PairProber, PairTargets
-from lockstep.core.pairs import PROBE_RID_PREFIX, PairEnd, PairResult, full_from_loads, plan_pairs
+from lockstep.core.pairs import (
+    PROBE_RID_PREFIX,
+    PairEnd,
+    PairResult,
+    full_from_loads,
+    plan_pairs,
+    side_state,
+)
 from lockstep.core.verdicts import Signal, Verdict, classify_pairs
 
 pytestmark = pytest.mark.unit
@@ -314,6 +322,48 @@ def test_a_failed_try_asks_the_bootstrap_and_ends_both_halves_of_its_room() -> N
     assert all(b is not None and b["rooms"] == [result.room] for _, b in aborts)
     assert ("GET", "http://10.0.0.1:8998/health", None) in seen
     assert result.full is None  # both leaders had room: the failure counts
+
+
+def test_a_failed_try_keeps_both_sides_of_the_hand_off_and_the_verdict_shows_them() -> None:
+    # SGLang 0.5.23's /v1/loads shape: each leader's PD queues and the KV it holds.
+    def load(mode: str, **queues: int) -> dict[str, Any]:
+        disagg = {"mode": mode, **{f"{mode}_{k}_queue_reqs": v for k, v in queues.items()}}
+        return {"loads": [{"num_used_tokens": 64, "max_total_num_tokens": 4096,
+                           "token_usage": 0.02, "disaggregation": disagg}]}  # fmt: skip
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/generate":
+            raise httpx.ReadTimeout("slow", request=req)
+        if req.url.path == "/v1/loads":
+            if req.url.host == "10.0.0.1":
+                return httpx.Response(200, json=load("prefill", bootstrap=0, inflight=3))
+            return httpx.Response(200, json=load("decode", prealloc=0, transfer=2, retracted=0))
+        if req.url.path == "/health":
+            return httpx.Response(200, text="OK")
+        return httpx.Response(200, json={"aborted": []})
+
+    prober, _ = _prober(handler, [0.0])
+    t = _targets(1, 1)
+    result = asyncio.run(prober.try_pair(t, t.prefills[0], t.decodes[0]))
+    assert result.prefill_state == (
+        "prefill: 0 waiting for their decode, 3 sending KV, KV 64 of 4096 tokens held"
+    )
+    assert result.decode_state == (
+        "decode: 0 waiting for KV memory or their prefill, 2 waiting for KV, 0 retracted, "
+        "KV 64 of 4096 tokens held"
+    )
+    # The verdict's evidence carries both sides of every failed hand-off it counted.
+    first = replace(result, started=1.0, at=5.0, decode=0)
+    again = replace(result, started=5.0, at=9.0, decode=1)
+    epochs = dict.fromkeys(EPOCHS, 1)  # the targets' epoch
+    judged = classify_pairs([first, again], epochs, 9.5, WINDOW, deep=DEEP)
+    sides = judged.verdicts[("prefill", 0)].evidence["sides"]
+    assert sides == [
+        f"prefill/0 -> decode/{d}: {result.prefill_state}; {result.decode_state}" for d in (0, 1)
+    ]
+    # A leader that does not answer /v1/loads, or an older SGLang without the section.
+    assert side_state("decode", None) is None
+    assert side_state("decode", {"loads": [{"token_usage": 0.1}]}) is None
 
 
 def test_periods_run_at_their_period_and_again_at_once_after_a_failure() -> None:

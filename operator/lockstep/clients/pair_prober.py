@@ -43,6 +43,7 @@ from lockstep.core.pairs import (
     PairResult,
     full_from_loads,
     plan_pairs,
+    side_state,
 )
 
 DeploymentKey = tuple[str, str]  # namespace, deployment
@@ -199,13 +200,14 @@ class PairProber:
         if bootstrap is not None:
             prefill_error = f"{bootstrap}; {prefill_error}" if prefill_error else bootstrap
         ok = prefill_error is None and decode_error is None
-        full = None
+        full = states = None
         if not ok:
             # A half that could not take the request in time (a full decode, a prefill
             # with every slot taken) is capacity, not a broken path: read before the
             # room is ended, while what held it back still does.
             loads = await asyncio.gather(self._loads(d), self._loads(p))
             full = full_from_loads("decode", loads[0]) or full_from_loads("prefill", loads[1])
+            states = (side_state("prefill", loads[1]), side_state("decode", loads[0]))
             # Neither half may go on holding what it reserved for this room.
             await asyncio.gather(
                 *(self._abort(e, room, targets.token) for e in (p, d)),
@@ -223,6 +225,7 @@ class PairProber:
             room,
             started,
             full,
+            *(states or (None, None)),
         )
 
     async def _loads(self, end: PairEnd) -> dict[str, Any] | None:

@@ -65,6 +65,10 @@ class PairResult:
     # A failed try whose half could not take a new request then (`full_from_loads`):
     # capacity, not the path; the judge counts it against no one.
     full: str | None = None
+    # What each leader's SGLang said of its side of the PD path when the try failed
+    # (`side_state`: its queues of rooms and the KV it held); None: it passed, or no word.
+    prefill_state: str | None = None
+    decode_state: str | None = None
 
     @property
     def period(self) -> float:
@@ -117,6 +121,42 @@ def full_from_loads(side: str, body: Mapping[str, Any] | None) -> str | None:
     if ready:
         why.append(f"{ready:.0f} request(s) waiting for KV memory")
     return f"{side} full: {', '.join(why)}" if why else None
+
+
+# SGLang 0.5.23's `/v1/loads` `disaggregation` section, per side: what each count is.
+_SIDE_QUEUES: dict[str, tuple[tuple[str, str], ...]] = {
+    "prefill": (
+        ("prefill_bootstrap_queue_reqs", "waiting for their decode"),
+        ("prefill_inflight_queue_reqs", "sending KV"),
+    ),
+    "decode": (
+        ("decode_prealloc_queue_reqs", "waiting for KV memory or their prefill"),
+        ("decode_transfer_queue_reqs", "waiting for KV"),
+        ("decode_retracted_queue_reqs", "retracted"),
+    ),
+}
+
+
+def side_state(side: str, body: Mapping[str, Any] | None) -> str | None:
+    """One side of a failed hand-off as its leader's SGLang `GET /v1/loads` tells it: the
+    rooms in each of its PD queues (a prefill's bootstrap and in-flight queues, a
+    decode's prealloc, transfer and retracted queues) and the KV tokens it holds. None
+    when the leader did not answer or said nothing of it."""
+    loads = (body or {}).get("loads")
+    load = loads[0] if isinstance(loads, list) and loads and isinstance(loads[0], Mapping) else None
+    if load is None:
+        return None
+    pd = load.get("disaggregation")
+    parts = []
+    if isinstance(pd, Mapping):
+        for key, what in _SIDE_QUEUES.get(side, ()):
+            value = pd.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                parts.append(f"{value} {what}")
+    used, total = load.get("num_used_tokens"), load.get("max_total_num_tokens")
+    if isinstance(used, int) and isinstance(total, int) and total > 0:
+        parts.append(f"KV {used} of {total} tokens held")
+    return f"{side}: {', '.join(parts)}" if parts else None
 
 
 def plan_pairs(prefills: Sequence[int], decodes: Sequence[int], turn: int) -> list[PairKey]:

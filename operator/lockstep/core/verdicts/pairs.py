@@ -184,6 +184,13 @@ def _verdict(group: GroupKey, failures: list[PairResult], epoch: int) -> GroupVe
             for r in failures
         ],
         "failures": len(failures),
+        # Both sides of each failed hand-off, as their SGLang told it (`side_state`).
+        "sides": [
+            f"prefill/{r.prefill} -> decode/{r.decode}: "
+            + "; ".join(x for x in (r.prefill_state, r.decode_state) if x)
+            for r in failures
+            if r.prefill_state or r.decode_state
+        ],
     }
     return GroupVerdict(
         verdict=Verdict.TRANSFER_BROKEN,
