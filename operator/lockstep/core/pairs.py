@@ -91,6 +91,12 @@ class PairResult:
         return None if self.ok else (text or "failed")
 
 
+def _first_load(body: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The (DP rank 0) load of an SGLang `GET /v1/loads` body; None when it has none."""
+    loads = (body or {}).get("loads")
+    return loads[0] if isinstance(loads, list) and loads and isinstance(loads[0], Mapping) else None
+
+
 def full_from_loads(side: str, body: Mapping[str, Any] | None) -> str | None:
     """Why a leader could not take a new request, from its SGLang `GET /v1/loads` body
     (None: it could, or it did not say): its running slots all taken, its KV
@@ -98,8 +104,7 @@ def full_from_loads(side: str, body: Mapping[str, Any] | None) -> str | None:
     memory in its prealloc queue (`queues.prealloc_ready`). Under a broken hand-off a
     decode is none of these: requests waiting on a silent bootstrap server are not
     bootstrapped, and a stalled sender's rooms hold little KV by the time it is judged."""
-    loads = (body or {}).get("loads")
-    load = loads[0] if isinstance(loads, list) and loads and isinstance(loads[0], Mapping) else None
+    load = _first_load(body)
     if load is None:
         return None
 
@@ -142,8 +147,7 @@ def side_state(side: str, body: Mapping[str, Any] | None) -> str | None:
     rooms in each of its PD queues (a prefill's bootstrap and in-flight queues, a
     decode's prealloc, transfer and retracted queues) and the KV tokens it holds. None
     when the leader did not answer or said nothing of it."""
-    loads = (body or {}).get("loads")
-    load = loads[0] if isinstance(loads, list) and loads and isinstance(loads[0], Mapping) else None
+    load = _first_load(body)
     if load is None:
         return None
     pd = load.get("disaggregation")
