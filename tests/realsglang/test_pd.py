@@ -84,6 +84,10 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
     print(f"transfer-stall: {stalled}")
     assert not stalled.ok and stalled.decode_error is not None, stalled
     assert "not answering" not in (stalled.prefill_error or ""), stalled
+    # Both sides as the real SGLang tells them (/v1/loads): the prefill holds the room,
+    # the decode waits for its KV.
+    assert (stalled.prefill_state or "").startswith("prefill: "), stalled
+    assert "waiting for KV" in (stalled.decode_state or ""), stalled
     assert prefill.probe().status_code == 200 and decode.probe().status_code == 200
     assert "the KV of room" in prefill.tail(200) and f"{stalled.room}" in prefill.tail(200)
     wait_for(lambda: _held(prefill) == [] and _held(decode) == [], 30, "nothing held")

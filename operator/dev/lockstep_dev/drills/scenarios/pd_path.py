@@ -23,8 +23,8 @@ give no verdict and no pair Event (`result.soak`: also the pair probe's tries an
 probe requests each group served a second, from the stand-ins' request logs).
 
 On the real engine (`engine="sglang"`: the faults through lockstep's hooks in the real
-server) the drill runs the soak and the two faults; the KV of ended requests is the
-stand-in's alone (the real server does not report it yet). The CI drill of the real
+server) the drill runs the soak, the two faults and the abort storm; `kv-leak` is the
+stand-in's alone (the real server does not report the KV of ended requests yet). The CI drill of the real
 engine runs the two faults on the real sequence drill's cluster instead."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def act(drill: Drill) -> None:
     if drill.engine == "standin":
         # The real server does not report the KV of ended requests yet (docs/pd-path.md).
         steps.append(("kv-leak in decode/0", partial(kv_leak, drill, GROUPS)))
-        steps.append(("the abort storm", partial(abort_storm, drill, GROUPS)))
+    steps.append(("the abort storm", partial(abort_storm, drill, GROUPS)))
     for what, run in steps:
         step = run()
         checks += [(ok, f"{what}: {why}") for ok, why in step]
@@ -143,6 +143,10 @@ def incident(drill: Drill, key: str, kind: FaultKind) -> Checks:
             f"verdict {inc.get('verdict')}, expected TransferBroken",
         ),
         (blamed == [key], f"incidents opened in {blamed}, expected {key} alone"),
+        (
+            two_sided(inc),
+            f"the evidence shows both sides of a failed hand-off: {inc.get('evidence')!r:.400}",
+        ),
         (int(drill.group(key).get("epoch", 0)) > epochs[key], f"{key} restarted"),
         (all(a == b for a, b in moved.values()), f"the other groups kept their epochs: {moved}"),
         (
@@ -179,6 +183,16 @@ def pair_events(drill: Drill) -> list[dict[str, Any]]:
     """The pair probe's warning Events (a failing link or pair) in the drill's namespace."""
     events = drill.cluster.events(NAMESPACE)
     return [e for e in events if e.get("reason") in ("PairFailing", "PairLinkFailing")]
+
+
+def two_sided(inc: dict[str, Any]) -> bool:
+    """Whether the incident's evidence has a failed hand-off with both sides' state (the
+    verdict's `sides`: what each leader's engine said of its PD queues and KV)."""
+    lines = str(inc.get("evidence") or "").splitlines()
+    if "sides:" not in lines:
+        return False
+    shown = lines[lines.index("sides:") + 1 :]
+    return any("prefill: " in line and "decode: " in line for line in shown)
 
 
 def evidence_line(inc: dict[str, Any]) -> str:

@@ -5,14 +5,18 @@ On the real engine the same cluster then breaks its PD path, with two prefill gr
 (`lockstep_dev.drills.scenarios.pd_path`'s incidents, through lockstep's hooks in the real
 SGLang server): `transfer-stall` in prefill/0, then `bootstrap-down` in prefill/1, each
 judged `TransferBroken` from the pair probe and restarted alone while the other prefill
-group serves (the stand-in runs them in the `pd-path` drill, with the KV of ended
-requests)."""
+group serves, and last the abort storm (rounds of streams through the router cancelled
+at once: nothing held after, no verdict); the stand-in runs them in the `pd-path`
+drill, with `kv-leak`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lockstep_dev.drills.deployment import AFFECTED, RecoveryMode
+from lockstep_dev.drills.ended_kv import abort_storm
 from lockstep_dev.drills.restart import Checks, restart_checks
 from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario, step_bounds_overrides
 from lockstep_dev.drills.scenarios import pd_path
@@ -108,10 +112,15 @@ def act(drill: Drill) -> None:
     if drill.suspect_nodes is not None:
         checks += [(ok, f"suspect nodes: {why}") for ok, why in suspect_checks(drill)]
     if drill.engine == "sglang":
-        for key, kind in pd_path.INCIDENTS:
-            drill.note(f"next: {kind} in {key}")
-            step = pd_path.incident(drill, key, kind)
-            checks += [(ok, f"{kind} in {key}: {why}") for ok, why in step]
+        runs: list[tuple[str, Callable[[], Checks]]] = [
+            (f"{kind} in {key}", partial(pd_path.incident, drill, key, kind))
+            for key, kind in pd_path.INCIDENTS
+        ]
+        runs.append(("the abort storm", partial(abort_storm, drill, pd_path.GROUPS)))
+        for what, run in runs:
+            drill.note(f"next: {what}")
+            step = run()
+            checks += [(ok, f"{what}: {why}") for ok, why in step]
             if not all(ok for ok, _ in step) and not drill.keep_going:
                 break
     drill.conclude(checks)
