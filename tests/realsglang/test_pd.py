@@ -79,7 +79,7 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
     # The PD path's drill faults, through lockstep's hooks in the real prefill: its TP
     # collectives, HTTP server and deep probe stay fine while the hand-off fails.
     # transfer-stall: the prefill computes, its KV sender sends nothing for the new room.
-    prefill.inject("transfer-stall")
+    _inject(prefill, "transfer-stall")
     stalled = _try_pair(p_end, d_end)
     print(f"transfer-stall: {stalled}")
     assert not stalled.ok and stalled.decode_error is not None, stalled
@@ -92,7 +92,7 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
     assert "the KV of room" in prefill.tail(200) and f"{stalled.room}" in prefill.tail(200)
     wait_for(lambda: _held(prefill) == [] and _held(decode) == [], 30, "nothing held")
     # bootstrap-down: the prefill's bootstrap server closes every connection unanswered.
-    prefill.inject("bootstrap-down")
+    _inject(prefill, "bootstrap-down")
     down = _try_pair(p_end, d_end)
     print(f"bootstrap-down: {down}")
     assert not down.ok and "not answering" in (down.prefill_error or ""), down
@@ -101,6 +101,14 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
     # Cleared, the same pair hands off again.
     prefill.inject("none")
     wait_for(lambda: _try_pair(p_end, d_end).ok, 60, "the pair hands off again")
+
+
+def _inject(server: RealServer, kind: str) -> None:
+    """A PD fault, in force once this returns: each process re-reads the fault file at
+    most every 50 ms (`faults.watcher_from_env`), and a try's room reaches the sender
+    within 30 ms (in CI a try sent at once passed under `transfer-stall`)."""
+    server.inject(kind)
+    time.sleep(0.2)
 
 
 def _try_pair(p: PairEnd, d: PairEnd, timeout_s: float = 4.0) -> PairResult:
