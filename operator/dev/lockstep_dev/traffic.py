@@ -400,6 +400,7 @@ class Wave:
     finished: int = 0  # ended before the cancel
     errors: list[str] = field(default_factory=list)
     cancelled_at: float = 0.0
+    first_token_s: list[float] = field(default_factory=list)  # of those that had one
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -409,6 +410,10 @@ class Wave:
             "waiting": self.waiting,
             "finished": self.finished,
             "errors": self.errors[:5],
+            "first_token_s": {
+                "fastest": min(self.first_token_s, default=None),
+                "slowest": max(self.first_token_s, default=None),
+            },
         }
 
 
@@ -423,7 +428,9 @@ async def _wave(url: str, n: int, after_s: float, max_new_tokens: int) -> Wave:
     wave = Wave(n, after_s)
     events = [0] * n
     done = [False] * n
+    first: list[float | None] = [None] * n
     tag = f"{time.time():.3f}"
+    sent_at = time.monotonic()
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         body = {
@@ -441,6 +448,7 @@ async def _wave(url: str, n: int, after_s: float, max_new_tokens: int) -> Wave:
                 async for line in resp.aiter_lines():
                     if line.startswith("data: "):
                         events[i] += 1
+                        first[i] = first[i] or round(time.monotonic() - sent_at, 3)
                         done[i] = done[i] or line == "data: [DONE]"
         except httpx.HTTPError as err:
             wave.errors.append(f"{type(err).__name__}: {err}"[:160])
@@ -456,4 +464,5 @@ async def _wave(url: str, n: int, after_s: float, max_new_tokens: int) -> Wave:
     wave.finished = sum(done)
     wave.streaming = sum(1 for e, d in zip(events, done, strict=True) if e and not d)
     wave.waiting = sum(1 for e in events if not e)
+    wave.first_token_s = [f for f in first if f is not None]
     return wave
