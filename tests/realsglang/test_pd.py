@@ -102,6 +102,37 @@ def test_a_prefill_and_a_decode_behind_the_real_router_serve_end_to_end_with_the
     prefill.inject("none")
     wait_for(lambda: _try_pair(p_end, d_end).ok, 60, "the pair hands off again")
 
+    # The KV of ended requests (`lockstep_sglang.held_kv`), what the deep probe's body
+    # carries. Streams through the router the client cancels: the decode lets go of them.
+    assert _ended_kv(decode)["tokens"] == 0 == _ended_kv(prefill)["tokens"]
+    cancelled = _cancel_streams(router, decode)
+    wait_for(lambda: _busy(_load(decode)) == 0, 30, "the decode let go of the cancelled")
+    assert _ended_kv(decode)["tokens"] == 0, cancelled
+    # kv-leak in the decode: its HTTP process loses the abort of each cancelled stream;
+    # the scheduler keeps generating for nobody, and the probe says what they hold.
+    _inject(decode, "kv-leak")
+    _cancel_streams(router, decode)
+    first = wait_for(lambda: _ended_kv(decode)["tokens"] > 0 and _ended_kv(decode), 15, "leak")
+    time.sleep(2.0)
+    later = _ended_kv(decode)
+    print(f"kv-leak: {first} then {later}")
+    assert later["tokens"] > 0 and later["oldest_s"] >= first["oldest_s"] + 1.5, later
+    assert later["requests"] <= _busy(_load(decode)), later
+    assert "the abort of request" in decode.tail(200)
+    assert _ended_kv(prefill)["tokens"] == 0
+    # The operator's free: the scheduler's own abort of each, then what is left.
+    freed = decode.http.post(
+        f"{decode.url}/lockstep/kv/free", json={"reason": "test"}, headers=AUTH, timeout=10
+    )
+    assert freed.status_code == 200, freed.text
+    print(f"free: {freed.json()}")
+    assert freed.json()["tokens"] > 0 and freed.json()["left"]["tokens"] == 0, freed.json()
+    wait_for(lambda: _busy(_load(decode)) == 0, 10, "the decode freed what they held")
+    assert _ended_kv(decode)["tokens"] == 0
+    decode.inject("none")
+    resp = httpx.post(f"{router}/generate", json=body, timeout=60, trust_env=False)
+    assert resp.status_code == 200, resp.text
+
 
 def _inject(server: RealServer, kind: str) -> None:
     """A PD fault, in force once this returns: each process re-reads the fault file at
@@ -109,6 +140,46 @@ def _inject(server: RealServer, kind: str) -> None:
     within 30 ms (in CI a try sent at once passed under `transfer-stall`)."""
     server.inject(kind)
     time.sleep(0.2)
+
+
+def _ended_kv(server: RealServer) -> dict[str, Any]:
+    """The KV of ended requests, as the deep probe's body reports it to the operator."""
+    resp = server.probe()
+    assert resp.status_code == 200, resp.text
+    kv: dict[str, Any] = resp.json()["kv"]
+    return kv
+
+
+def _cancel_streams(router: str, decode: RealServer, n: int = 4) -> dict[str, Any]:
+    """`n` long streams through the router, cancelled by the client together once the
+    decode runs them all (each would run 1,800 tokens)."""
+
+    async def go() -> dict[str, Any]:
+        body = {
+            "text": "a stream the client gives up on",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 1800, "ignore_eos": True},
+        }
+        got = [0] * n
+
+        async def one(client: httpx.AsyncClient, i: int) -> None:
+            async with client.stream("POST", f"{router}/generate", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    got[i] += line.startswith("data: ")
+
+        async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+            tasks = [asyncio.create_task(one(client, i)) for i in range(n)]
+            deadline = time.monotonic() + 60
+            while not all(got) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            running = _load(decode)["num_running_reqs"]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(got), got
+        return {"events": got, "running": running}
+
+    return asyncio.run(go())
 
 
 def _try_pair(p: PairEnd, d: PairEnd, timeout_s: float = 4.0) -> PairResult:

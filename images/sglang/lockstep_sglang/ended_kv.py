@@ -21,11 +21,13 @@ of :mod:`lockstep_sglang.failover`):
   ``"left"``, the report after it (what the abort could not free).
 
 Engine-agnostic: an engine supplies an :class:`EndedKVBook` (the CPU stand-in's frontend
-in :mod:`lockstep_standin.server`).
+in :mod:`lockstep_standin.server`; the real SGLang server's is
+:class:`lockstep_sglang.held_kv.SGLangEndedKV`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -70,8 +72,15 @@ class EndedKVBook(Protocol):
         ...
 
 
-def add_routes(app: Any, failover: Failover, book: EndedKVBook) -> None:
-    """Serve :data:`KV_ROUTE` and :data:`FREE_ROUTE` from a FastAPI ``app``."""
+def add_routes(
+    app: Any,
+    failover: Failover,
+    book: EndedKVBook,
+    settle: Callable[[EndedKV], Awaitable[None]] | None = None,
+) -> None:
+    """Serve :data:`KV_ROUTE` and :data:`FREE_ROUTE` from a FastAPI ``app``; ``settle``
+    (an engine whose free completes later) is awaited before the free reports what is
+    left."""
 
     async def kv_route(request: Request) -> JSONResponse:
         refused = failover.authorized(request.headers.get("authorization"))
@@ -93,6 +102,8 @@ def add_routes(app: Any, failover: Failover, book: EndedKVBook) -> None:
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         freed = book.free_ended_kv(reason[:MAX_REASON])
+        if settle is not None and freed.requests:
+            await settle(freed)
         return JSONResponse({**freed.to_json(), "left": book.ended_kv().to_json()})
 
     app.add_api_route(KV_ROUTE, kv_route, methods=["GET"])

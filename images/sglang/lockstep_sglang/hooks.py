@@ -70,6 +70,7 @@ from lockstep_sglang.collectives import (
 from lockstep_sglang.config import EPOCH_ENV, RuntimeConfig
 from lockstep_sglang.consensus import DecisionRecorder, compare_and_fail
 from lockstep_sglang.faults import FAULT_FILE_ENV, Fault, FaultWatcher, watcher_from_env
+from lockstep_sglang.held_kv import held_requests
 from lockstep_sglang.probe import (
     ProbeGroup,
     drop_expired,
@@ -100,6 +101,12 @@ class LockstepProbeOutput(BaseReq, kw_only=True):  # type: ignore[misc,call-arg]
     iteration: int = 0
     queued_ms: float = 0.0
     error: Optional[str] = None  # noqa: UP045
+    # What the scheduler holds: request ids, the KV tokens each holds of its own, their
+    # bootstrap rooms (-1: none) (`held_kv.held_requests`); the HTTP process tells from
+    # them the KV of ended requests.
+    held_rids: list[str] = []  # noqa: RUF012
+    held_tokens: list[int] = []  # noqa: RUF012
+    held_rooms: list[int] = []  # noqa: RUF012
 
 
 def register_ipc_types() -> None:
@@ -129,11 +136,17 @@ SGLANG_READS: dict[str, tuple[str, ...]] = {
     "sglang.srt.managers.scheduler:Scheduler": (
         "_request_dispatcher",
         "disagg_prefill_inflight_queue",
+        "disagg_prefill_bootstrap_queue",
+        "disagg_decode_prealloc_queue",
+        "disagg_decode_transfer_queue",
+        "waiting_queue",
+        "running_batch",
     ),
     "sglang.srt.managers.schedule_batch:NextBatchPlan": ("batch_to_run", "running_batch"),
     "sglang.srt.managers.schedule_batch:ScheduleBatch": ("reqs", "forward_mode"),
-    "sglang.srt.managers.schedule_batch:Req": ("rid",),
-    "sglang.srt.disaggregation.decode:DecodePreallocQueue": ("queue",),
+    "sglang.srt.managers.schedule_batch:Req": ("rid", "kv"),
+    "sglang.srt.managers.schedule_batch:ReqKvInfo": ("kv_allocated_len", "cache_protected_len"),
+    "sglang.srt.disaggregation.decode:DecodePreallocQueue": ("queue", "retracted_queue"),
     "sglang.srt.disaggregation.decode:DecodeTransferQueue": ("queue",),
     "sglang.srt.disaggregation.prefill:PrefillBootstrapQueue": ("queue",),
     "sglang.srt.disaggregation.decode:DecodeRequest": ("req",),
@@ -541,7 +554,7 @@ def start_runtime(
 
 
 def handle_probe(scheduler: Any, req: LockstepProbeReq) -> LockstepProbeOutput | None:
-    """Every TP rank: the no-op all-reduces; TP rank 0 answers."""
+    """Every TP rank: the no-op all-reduces; TP rank 0 answers, with what it holds."""
     rt = _runtime
     handled_at = time.time()
     if rt is None:
@@ -549,7 +562,15 @@ def handle_probe(scheduler: Any, req: LockstepProbeReq) -> LockstepProbeOutput |
     ok, groups_ms, error = run_collective_probe(rt.probe_groups)
     if rt.tp_rank != 0:
         return None
+    try:
+        held = held_requests(scheduler)
+    except Exception:  # a report, never a failed probe
+        logger.exception("lockstep: reading the requests this scheduler holds failed")
+        held = {}
     return LockstepProbeOutput(
+        held_rids=list(held),
+        held_tokens=[tokens for tokens, _ in held.values()],
+        held_rooms=[-1 if room is None else room for _, room in held.values()],
         rid=req.rid,
         ok=ok,
         groups_ms=groups_ms,

@@ -16,6 +16,12 @@ fault file as the ranks' faults, and aimed at the pod (``ranks`` is ignored):
   server that stopped would. Hooked: ``CommonKVBootstrapServer._setup_routes``, which
   builds the server's aiohttp application (a middleware is added there, before the
   application starts).
+- ``kv-leak`` (a decode's main process): the tokenizer manager's abort of a request its
+  client left is lost: the request's state is marked as aborted (``abort_sent``, as
+  SGLang marks it) and no ``AbortReq`` reaches the scheduler, which keeps the request
+  and its KV (in a PD queue, or running for nobody) with nobody waiting for it. Hooked:
+  ``TokenizerManager.abort_request``; lockstep's own aborts (:func:`operator_abort`, and
+  the free of :mod:`lockstep_sglang.held_kv`, which sends ``AbortReq`` itself) pass.
 
 Not pinned (:mod:`lockstep_sglang.pins` pins what production runs): these hooks never
 run without the switch, and the real-SGLang tier fails if a release moves what they hook
@@ -24,11 +30,13 @@ run without the switch, and the real-SGLang tier fails if a release moves what t
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from lockstep_sglang.config import EPOCH_ENV
@@ -132,3 +140,41 @@ def install_bootstrap_down(watcher: FaultWatcher) -> None:
 
     setup_routes.__lockstep_hook__ = True  # type: ignore[attr-defined]
     CommonKVBootstrapServer._setup_routes = setup_routes
+
+
+_OPERATOR_ABORT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "lockstep_operator_abort", default=False
+)
+
+
+@contextlib.contextmanager
+def operator_abort() -> Iterator[None]:
+    """Around an abort lockstep itself asks for (an incident's end of held requests):
+    ``kv-leak`` never drops it."""
+    token = _OPERATOR_ABORT.set(True)
+    try:
+        yield
+    finally:
+        _OPERATOR_ABORT.reset(token)
+
+
+def install_kv_leak(watcher: FaultWatcher) -> None:
+    """Hook the tokenizer manager's abort in a server's main process (switch on)."""
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    original = TokenizerManager.abort_request
+    if getattr(original, "__lockstep_hook__", False):
+        return
+
+    @functools.wraps(original)
+    def abort_request(self: Any, rid: str = "", abort_all: bool = False) -> Any:
+        if abort_all or not rid or _OPERATOR_ABORT.get() or not _in_force(watcher, "kv-leak"):
+            return original(self, rid, abort_all)
+        state = self.rid_to_state.get(rid)
+        if state is not None and not state.abort_sent:
+            state.abort_sent = True
+            logger.warning("lockstep test fault kv-leak: the abort of request %s dropped", rid)
+        return None
+
+    abort_request.__lockstep_hook__ = True  # type: ignore[attr-defined]
+    TokenizerManager.abort_request = abort_request

@@ -21,6 +21,11 @@ replaced. SGLang ends a server whose scheduler died from its SIGQUIT handler
 connection cut): :func:`sigquit_first_end_requests` ends the held requests first and
 lets their answers leave before SGLang's handler runs; on SIGTERM (a pod deleted, a
 drain out of time) the held requests end the same way instead of waiting to be cut.
+
+The KV of ended requests (:mod:`lockstep_sglang.held_kv`): every deep-probe answer lists
+what the scheduler holds; the probe's body carries, under ``kv``, what of it no client
+waits for any more, and ``/lockstep/kv`` and ``/lockstep/kv/free``
+(:mod:`lockstep_sglang.ended_kv`) report and free it.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.utils import is_health_check_generate_req
 from sglang.utils import TypeBasedDispatcher
 
-from lockstep_sglang import hooks, pd_faults, start_method, timeline
+from lockstep_sglang import held_kv, hooks, pd_faults, start_method, timeline
 from lockstep_sglang.config import RuntimeConfig
+from lockstep_sglang.ended_kv import EndedKV
+from lockstep_sglang.ended_kv import add_routes as add_ended_kv_routes
 from lockstep_sglang.failover import Failover, HeldRequest, end_everything
 from lockstep_sglang.failover import add_routes as add_failover_routes
 from lockstep_sglang.faults import watcher_from_env
@@ -65,8 +72,9 @@ SGLANG_FAILOVER_READS: dict[str, tuple[str, ...]] = {
         "rid_to_state",
         "abort_request",
         "_handle_abort_req",
+        "_dispatch_to_scheduler",
     ),
-    "sglang.srt.managers.tokenizer_manager:ReqState": ("obj", "time_stats"),
+    "sglang.srt.managers.tokenizer_manager:ReqState": ("obj", "time_stats", "abort_sent"),
     "sglang.srt.managers.io_struct:GenerateReqInput": (
         "stream",
         "bootstrap_host",
@@ -131,7 +139,8 @@ class SGLangRequestBook:
             if rid not in tm.rid_to_state:
                 continue  # finished meanwhile
             try:
-                tm.abort_request(rid)  # the scheduler frees what it holds
+                with pd_faults.operator_abort():  # never a test fault's to drop
+                    tm.abort_request(rid)  # the scheduler frees what it holds
             except Exception:
                 logger.exception("lockstep: abort_request(%s) failed", rid)
             tm._handle_abort_req(
@@ -148,6 +157,21 @@ class SGLangRequestBook:
 
 
 FAILOVER = Failover(SGLangRequestBook())
+
+
+def _abort_in_scheduler(tm: Any, rid: str) -> None:
+    """The scheduler's abort of one request, sent whatever the HTTP side's state of it
+    (its own ``abort_request`` sends nothing twice): frees what the request holds."""
+    tm._dispatch_to_scheduler(AbortReq(rid=rid))
+
+
+ENDED_KV = held_kv.SGLangEndedKV(_tokenizer_manager, _abort_in_scheduler)
+
+
+async def _settle_free(freed: EndedKV) -> None:
+    gate = _gate
+    if gate is not None:
+        await held_kv.settle(ENDED_KV, gate.probe)
 
 
 def failover() -> Failover:
@@ -232,6 +256,9 @@ def init_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **kwarg
     )
 
     def deliver(out: LockstepProbeOutput) -> None:
+        rooms = [None if room < 0 else room for room in out.held_rooms]
+        held = zip(out.held_rids, zip(out.held_tokens, rooms, strict=True), strict=True)
+        ENDED_KV.observe(str(out.rid), dict(held))
         gate.deliver(
             ProbeReply(
                 rid=str(out.rid),
@@ -276,7 +303,8 @@ async def probe_route(request: Request) -> JSONResponse:
     if status == 200 and not _probed_ok:
         _probed_ok = True
         timeline.mark(cfg.state_dir, "probe_ok")
-    return JSONResponse(dict(outcome), status_code=status)
+    body = {**outcome, "kv": ENDED_KV.ended_kv().to_json()}
+    return JSONResponse(body, status_code=status)
 
 
 async def inflight_route() -> JSONResponse:
@@ -317,6 +345,7 @@ def install_server_hooks(config: RuntimeConfig) -> None:
         http_server.app.add_api_route(PROBE_ROUTE, probe_route, methods=["GET"])
         http_server.app.add_api_route(INFLIGHT_ROUTE, inflight_route, methods=["GET"])
         add_failover_routes(http_server.app, FAILOVER)
+        add_ended_kv_routes(http_server.app, FAILOVER, ENDED_KV, settle=_settle_free)
         http_server.app.add_middleware(InflightMiddleware, fence=FAILOVER.fence)
         _route_added = True
     hook_signal_handlers()
@@ -324,6 +353,7 @@ def install_server_hooks(config: RuntimeConfig) -> None:
     watcher = watcher_from_env()  # the test fault switch (None in production)
     if watcher is not None:
         pd_faults.install_bootstrap_down(watcher)
+        pd_faults.install_kv_leak(watcher)
     # engine.py looks this name up when it starts the DP controller process.
     engine_mod.run_data_parallel_controller_process = hooks.run_data_parallel_controller_process
 
