@@ -24,9 +24,9 @@ blamed: none should be) and the abort storm (`abort_storm`: per round, the strea
 cancelled mid-stream and before their first token, what every group held once quiet).
 
 With `--engine sglang` the same cluster runs the real SGLang server on CPU (the faults
-through lockstep's hooks in it, `lockstep_sglang.pd_faults`): the soak and the two
-faults; the KV of ended requests is the stand-in's alone (the real server does not
-report it yet), and the probe requests per group are not counted (no request log).
+through lockstep's hooks in it, `lockstep_sglang.pd_faults`; the KV of ended requests
+as its deep probe reports it, `lockstep_sglang.held_kv`): the same steps; the probe
+requests per group are not counted there (no request log).
 
 Usage: python benchmarks/pd_path.py [--engine standin|sglang] [--soak-seconds 600]
 (stand-in: about 1 minute plus the soak on 2 cores; real engine: about 4 minutes plus

@@ -20,8 +20,11 @@ is off) and no node is cordoned. Then prefill/0's KV sender stops sending
 each through lockstep's hooks in the real server while its deep probe passes: each is
 judged `TransferBroken` from the pair probe, restarted alone (the decode groups and the
 other prefill group keep their epochs), and every request it caught ended 200 through
-the router. Last, three rounds of 24 streams through the router cancelled together
-(an abort storm) leave nothing held on any group and no verdict. A second cluster runs a
+the router. Then decode/0 loses the abort of streams its client cancelled (`kv-leak`):
+the KV it holds for them shows in its deep probe's report and the operator frees it
+through SGLang's abort (an `EndedKVFreed` Event, no incident, no restart). Last, three
+rounds of 24 streams through the router cancelled together (an abort storm) leave
+nothing held on any group and no verdict. A second cluster runs a
 warm spare beside
 one serving decode group: a desync there is answered by the spare in seconds. A killed
 rank on the real engine is measured by benchmarks/failover.py (docs/failover.md); the stand-in
@@ -42,7 +45,7 @@ def test_real_servers_recover_from_a_desync_and_a_stopped_rank_through_the_route
     result = Drill("sequence", engine="sglang", suspect_nodes={"incidents": 2}).run()
     print(result.to_json())
     assert result.passed, f"{result.reason}\n{result.to_json()}"
-    desync, stopped, stall, down, storm = result.steps
+    desync, stopped, stall, down, leak, storm = result.steps
     assert (desync["verdict"], desync["restart_mode"]) == ("Desynced", "InPlace")
     assert (stopped["verdict"], stopped["restart_mode"]) == ("RankDown", "Recreate")
     # The stopped rank alone is named, with its pod, its node and its process state.
@@ -80,6 +83,11 @@ def test_real_servers_recover_from_a_desync_and_a_stopped_rank_through_the_route
         fo = step["failover"]
         assert fo["caught_ok"] == fo["caught"], step
         assert fo["longest_wait_past_verdict_s"] <= 15.0, step
+    # kv-leak in decode/0: streams the client left, kept generating for nobody, found in
+    # its deep probe's report and freed through SGLang's abort (no incident, no restart).
+    assert leak["fault"] == "kv-leak" and leak["leaked_tokens"] > 0, leak
+    assert leak["time_to_free_s"] <= 30.0 and leak["blamed"] == [] and leak["events"], leak
+    assert not any(leak["ended_kv_after"].values()), leak
     # The abort storm: streams cancelled together at the prefill, in the hand-off and
     # mid-stream leave nothing held on any group, and nothing is judged.
     assert storm["fault"] == "abort-storm" and storm["blamed"] == [], storm

@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 LEAKY = "decode/0"
 # The bound, from the first reading that showed the leaked KV to its free.
 FREED_WITHIN_S = 30.0
-WAVE_STREAMS = 16
+# The kv-leak wave, per engine: streams, when the client cancels them, tokens each asks
+# for. On the real engine the leak is a stream the decode keeps generating for nobody,
+# so its streams are long (the tiny model's context is 2,048 tokens) and cancelled once
+# under way (their first token came after up to ~1.5 s in a storm here).
+LEAK_WAVE = {"standin": (16, 0.8, STREAM_TOKENS["standin"]), "sglang": (8, 4.0, 1800)}
 STORM_ROUNDS = 3
 STORM_STREAMS = 24
 # How long after sending each round is cancelled, per engine. The stand-in's first
@@ -67,7 +71,7 @@ def kv_leak(drill: Drill, groups: tuple[str, ...]) -> Checks:
     leaked_at: float | None = None
     leaked = 0
     for _ in range(3):  # the router may send none of a wave's streams to decode/0
-        wave = abort_wave(_router(drill), WAVE_STREAMS, 0.8, STREAM_TOKENS[drill.engine])
+        wave = abort_wave(_router(drill), *LEAK_WAVE[drill.engine])
         waves.append(wave.to_json())
         held: int | None = None
         deadline = time.time() + 5

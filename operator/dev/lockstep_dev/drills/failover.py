@@ -70,9 +70,22 @@ def loads(drill: Drill) -> dict[str, dict[str, int]]:
             "used_tokens": int(first.get("num_used_tokens", 0)),
         }
         ended = ((first.get("lockstep") or {}).get("ended_kv") or {}).get("tokens")
+        if drill.engine == "sglang":
+            ended = _probed_ended_kv(url)  # the real server's report rides its deep probe
         if isinstance(ended, int):
             out[key]["ended_kv_tokens"] = ended
     return out
+
+
+def _probed_ended_kv(url: str) -> int | None:
+    """The KV of ended requests a real server's deep probe reports (what the operator
+    reads: `lockstep_sglang.held_kv`), None without an answer."""
+    try:
+        body = httpx.get(f"{url}/lockstep/probe", timeout=10, trust_env=False).json()
+        tokens = body["kv"]["tokens"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return tokens if isinstance(tokens, int) else None
 
 
 def holds_no_more(after: Mapping[str, int] | None, before: Mapping[str, int] | None) -> bool:

@@ -23,9 +23,9 @@ give no verdict and no pair Event (`result.soak`: also the pair probe's tries an
 probe requests each group served a second, from the stand-ins' request logs).
 
 On the real engine (`engine="sglang"`: the faults through lockstep's hooks in the real
-server) the drill runs the soak, the two faults and the abort storm; `kv-leak` is the
-stand-in's alone (the real server does not report the KV of ended requests yet). The CI drill of the real
-engine runs the two faults on the real sequence drill's cluster instead."""
+server, `lockstep_sglang.pd_faults`; the KV of ended requests as its deep probe reports
+it, `lockstep_sglang.held_kv`) the drill runs the same steps. The CI drill of the real
+engine runs them on the real sequence drill's cluster instead."""
 
 from __future__ import annotations
 
@@ -69,9 +69,7 @@ def act(drill: Drill) -> None:
     steps: list[tuple[str, Callable[[], Checks]]] = [
         (f"{kind} in {key}", partial(incident, drill, key, kind)) for key, kind in INCIDENTS
     ]
-    if drill.engine == "standin":
-        # The real server does not report the KV of ended requests yet (docs/pd-path.md).
-        steps.append(("kv-leak in decode/0", partial(kv_leak, drill, GROUPS)))
+    steps.append(("kv-leak in decode/0", partial(kv_leak, drill, GROUPS)))
     steps.append(("the abort storm", partial(abort_storm, drill, GROUPS)))
     for what, run in steps:
         step = run()

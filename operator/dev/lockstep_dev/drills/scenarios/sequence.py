@@ -5,9 +5,10 @@ On the real engine the same cluster then breaks its PD path, with two prefill gr
 (`lockstep_dev.drills.scenarios.pd_path`'s incidents, through lockstep's hooks in the real
 SGLang server): `transfer-stall` in prefill/0, then `bootstrap-down` in prefill/1, each
 judged `TransferBroken` from the pair probe and restarted alone while the other prefill
-group serves, and last the abort storm (rounds of streams through the router cancelled
-at once: nothing held after, no verdict); the stand-in runs them in the `pd-path`
-drill, with `kv-leak`."""
+group serves; then `kv-leak` in decode/0 (streams the client cancelled, generated for
+nobody: found in its deep probe's report and freed by the operator, no restart), and
+last the abort storm (rounds of streams through the router cancelled at once: nothing
+held after, no verdict); the stand-in runs them in the `pd-path` drill."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lockstep_dev.drills.deployment import AFFECTED, RecoveryMode
-from lockstep_dev.drills.ended_kv import abort_storm
+from lockstep_dev.drills.ended_kv import abort_storm, kv_leak
 from lockstep_dev.drills.restart import Checks, restart_checks
 from lockstep_dev.drills.scenario import BOTH_ENGINES, Scenario, step_bounds_overrides
 from lockstep_dev.drills.scenarios import pd_path
@@ -116,6 +117,7 @@ def act(drill: Drill) -> None:
             (f"{kind} in {key}", partial(pd_path.incident, drill, key, kind))
             for key, kind in pd_path.INCIDENTS
         ]
+        runs.append(("kv-leak in decode/0", partial(kv_leak, drill, pd_path.GROUPS)))
         runs.append(("the abort storm", partial(abort_storm, drill, pd_path.GROUPS)))
         for what, run in runs:
             drill.note(f"next: {what}")
