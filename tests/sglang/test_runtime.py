@@ -276,6 +276,7 @@ def test_probe_route_runs_a_collective_through_the_real_dispatchers(
         class TokenizerManager:
             server_status = ServerStatus.Up
             _result_dispatcher = TypeBasedDispatcher([])
+            rid_to_state: dict[str, Any] = {}  # noqa: RUF012 - SGLang's request states
 
             def _dispatch_to_scheduler(self, obj: Any) -> None:
                 # Over SGLang's IPC encoding, into the scheduler's dispatcher, back out.
@@ -310,6 +311,8 @@ def test_probe_route_runs_a_collective_through_the_real_dispatchers(
         assert status == 200, body
         assert body["status"] == "ok"
         assert set(body["replies"][0]["groups_ms"]) == {"tp:cpu", "tp:device"}
+        # What the scheduler holds for requests nobody waits for (it holds none).
+        assert body["kv"] == {"tokens": 0, "requests": 0, "oldest_s": 0.0, "rooms": []}
 
         answer_probes = False  # the scheduler is wedged: nothing comes back
         status, body = asyncio.run(get(b"timeout=0.3"))

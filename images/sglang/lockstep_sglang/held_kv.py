@@ -102,7 +102,7 @@ class SGLangEndedKV:
             self._answer, self._seen = probe_rid, {}
         self._seen.update(held)
         tm = self._manager()
-        states: Mapping[str, Any] = {} if tm is None else tm.rid_to_state
+        states: Mapping[str, Any] = getattr(tm, "rid_to_state", None) or {}
         now = self._clock()
         ended: dict[str, _Ended] = {}
         for rid, (tokens, room) in self._seen.items():

@@ -256,9 +256,12 @@ def init_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **kwarg
     )
 
     def deliver(out: LockstepProbeOutput) -> None:
-        rooms = [None if room < 0 else room for room in out.held_rooms]
-        held = zip(out.held_rids, zip(out.held_tokens, rooms, strict=True), strict=True)
-        ENDED_KV.observe(str(out.rid), dict(held))
+        try:
+            rooms = [None if room < 0 else room for room in out.held_rooms]
+            held = zip(out.held_rids, zip(out.held_tokens, rooms, strict=True), strict=True)
+            ENDED_KV.observe(str(out.rid), dict(held))
+        except Exception:  # a report, never a lost probe answer
+            logger.exception("lockstep: reading what the scheduler holds failed")
         gate.deliver(
             ProbeReply(
                 rid=str(out.rid),
