@@ -5,7 +5,8 @@ One local cluster: two prefill and two decode groups behind the real sglang-rout
 traffic through the router from a client that waits as a real one does (two minutes,
 `lockstep_dev.traffic`), the pair probe at its defaults. First a healthy run of
 `--soak-seconds` under that traffic (`soak`): the verdicts it gave (there must be none),
-the pair probe's warning Events, each pair's last try, and the probe requests each group
+the pair probe's warning Events, the operator's frees of the KV of ended requests
+(`ended_kv_frees`: none either), each pair's last try, and the probe requests each group
 served a second (counted in the stand-ins' request logs). Then the `pd-path` drill's
 faults, one after the other, each recovered before the next: `transfer-stall` in
 prefill/0 and `bootstrap-down` in prefill/1. Per fault:

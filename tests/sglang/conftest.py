@@ -56,6 +56,7 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
     """Snapshot every global the hooks replace; put it back after the test."""
     import torch.distributed as dist
     from sglang.srt.disaggregation import decode, prefill
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
     from sglang.srt.entrypoints import engine, http_server
     from sglang.srt.managers import io_struct, scheduler, tokenizer_manager
     from sglang.srt.managers.scheduler_components.request_receiver import (
@@ -75,6 +76,7 @@ def restore_hooks(sglang_hooks: ModuleType) -> Iterator[ModuleType]:
         (decode.DecodePreallocQueue, "pop_preallocated"),
         (decode.DecodeTransferQueue, "pop_transferred"),
         (prefill.PrefillBootstrapQueue, "pop_bootstrapped"),
+        (CommonKVManager, "_send_multipart_locked"),
         (tokenizer_manager.SignalHandler, "running_phase_sigquit_handler"),
         (tokenizer_manager.SignalHandler, "sigterm_handler"),
     ]

@@ -20,7 +20,8 @@ Scheduler side (every TP rank):
 - probe: :class:`LockstepProbeReq` is dispatched to a handler running
   :func:`lockstep_sglang.probe.run_collective_probe` on the TP CPU and device groups;
   the rank that pulls requests drops expired probes before broadcasting them;
-- gloo groups get a bounded timeout (:mod:`lockstep_sglang.gloo_timeout`);
+- gloo groups get a bounded timeout (:mod:`lockstep_sglang.gloo_timeout`), and so do
+  the KV path's sends to a peer that left (:mod:`lockstep_sglang.kv_sends`);
 - test-only faults (:mod:`lockstep_sglang.faults`), read only when
   ``LOCKSTEP_TEST_FAULT_FILE`` is set: ``desync`` makes the named rank drop the requests
   its peers run, so it idles on their batch (a real divergence in the real loop);
@@ -61,7 +62,7 @@ from sglang.srt.utils import common as sglang_common
 from sglang.srt.utils import rank_consensus_checker as rcc
 from sglang.utils import TypeBasedDispatcher
 
-from lockstep_sglang import gloo_timeout, pd_faults, timeline
+from lockstep_sglang import gloo_timeout, kv_sends, pd_faults, timeline
 from lockstep_sglang.collectives import (
     CollectiveTracer,
     patch_everywhere,
@@ -449,6 +450,7 @@ def install_scheduler_hooks(config: RuntimeConfig) -> None:
     global _config
     _config = config
     gloo_timeout.install(config.gloo_timeout)
+    kv_sends.install(kv_sends.send_timeout_ms())
     register_ipc_types()
     install_loop_hooks(scheduler_mod.Scheduler)
     install_queue_hooks()

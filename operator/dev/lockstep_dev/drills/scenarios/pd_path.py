@@ -80,14 +80,18 @@ def act(drill: Drill) -> None:
 
 
 def soak(drill: Drill) -> Checks:
-    """A healthy run of `drill.soak_s` under traffic: no verdict, no pair Event."""
+    """A healthy run of `drill.soak_s` under traffic: no verdict, no pair Event, no free of
+    the KV of ended requests."""
     began = time.time()
     seen = {g: drill.incident_count(g) for g in GROUPS}
-    before = {e["metadata"]["uid"] for e in pair_events(drill)}
+    before = {e["metadata"]["uid"] for e in pair_events(drill) + free_events(drill)}
     drill.wait(lambda: time.time() - began >= drill.soak_s, drill.soak_s + 30, "the soak")
     ended = time.time()
     opened = {g: drill.incident_count(g) - seen[g] for g in GROUPS}
     told = [str(e.get("message")) for e in pair_events(drill) if e["metadata"]["uid"] not in before]
+    freed = [
+        str(e.get("message")) for e in free_events(drill) if e["metadata"]["uid"] not in before
+    ]
     probes: dict[str, int] = dict.fromkeys(GROUPS, 0)
     for a in request_log_arrivals(drill.workdir / "kubelet", NAMESPACE, NAME):
         key = f"{a.role}/{a.group}"
@@ -98,6 +102,7 @@ def soak(drill: Drill) -> Checks:
         "seconds": round(seconds, 1),
         "verdicts": opened,
         "pair_events": told,
+        "ended_kv_frees": freed,
         "pairs": drill.status().get("pairs") or [],
         # Counted in the stand-ins' request logs (the real server keeps none).
         "probe_requests_per_group_per_s": (
@@ -109,6 +114,7 @@ def soak(drill: Drill) -> Checks:
     return [
         (not any(opened.values()), f"verdicts in a healthy run: {opened}"),
         (not told, f"pair Events in a healthy run: {told[:3]}"),
+        (not freed, f"KV of ended requests freed in a healthy run: {freed[:3]}"),
     ]
 
 
@@ -181,6 +187,11 @@ def pair_events(drill: Drill) -> list[dict[str, Any]]:
     """The pair probe's warning Events (a failing link or pair) in the drill's namespace."""
     events = drill.cluster.events(NAMESPACE)
     return [e for e in events if e.get("reason") in ("PairFailing", "PairLinkFailing")]
+
+
+def free_events(drill: Drill) -> list[dict[str, Any]]:
+    """The operator's frees of the KV of ended requests (`EndedKVFreed`) in the namespace."""
+    return [e for e in drill.cluster.events(NAMESPACE) if e.get("reason") == "EndedKVFreed"]
 
 
 def two_sided(inc: dict[str, Any]) -> bool:
