@@ -142,3 +142,55 @@ def test_a_stream_the_group_received_is_its_own_though_the_leaders_list_missed_i
 def test_a_streams_id_is_read_from_its_first_event() -> None:
     assert event_rid('{"text": "", "meta_info": {"id": "r-1"}}') == "r-1"
     assert event_rid("[DONE]") is None and event_rid('{"meta_info": {}}') is None
+
+
+def _pod_log(kubelet: Any, pod: str, uid: str, lines: list[str]) -> None:
+    directory = kubelet / "pods" / f"lockstep-drill_{pod}_{uid}"
+    directory.mkdir(parents=True)
+    (directory / "container.log").write_text("\n".join(lines) + "\n")
+
+
+def test_a_failed_real_drill_reports_what_its_pods_logged_of_the_kv_path(tmp_path: Any) -> None:
+    from lockstep_dev.drills.failover import kv_path_log_lines, kv_path_note
+
+    room, rid = "5154699355585701911", "62214076b2e74805a8215732e2e0a1b3"
+    failed = (
+        "[2026-12-07 20:51:10 TP0] Decode transfer failed for request rank=0 "
+        "decode_req.req.rid='{}' decode_req.req.bootstrap_room={} with exception KVTransferError"
+    )
+    _pod_log(
+        tmp_path,
+        "drill-decode-1-0",
+        "a1",
+        [
+            "[2026-12-07 20:45:11] server_args={'disaggregation_bootstrap_port': 8998}",
+            *(failed.format(rid[:-1] + str(i), room[:-1] + str(i)) for i in range(3)),
+            "[2026-12-07 20:51:12 TP0] Decode batch, #running-req: 2, #transfer-req: 0",
+            '[2026-12-07 20:51:12] INFO:     127.0.0.1:1 - "POST /lockstep/abort HTTP/1.1" 200',
+        ],
+    )
+    _pod_log(
+        tmp_path,
+        "drill-prefill-0-0",
+        "b2",
+        [
+            "[2026-12-07 20:49:24] lockstep: a KV-path send to tcp://127.0.0.1:4 gave up after "
+            "1.0 s: the peer is gone (no connection to queue into)",
+            "[2026-12-07 20:49:25] Failed to sync status 3 of room 7 to 127.0.0.1:4: Again",
+            "    a traceback line about a transfer",
+        ],
+    )
+    lines = kv_path_log_lines(tmp_path)
+    # Oldest first, each after its pod; one abort storm's failures in one second are one
+    # line with their count; flag dumps, batch lines and access logs are not the KV path.
+    assert [line.split("]")[0] for line in lines] == [
+        "drill-prefill-0-0: [2026-12-07 20:49:24",
+        "drill-prefill-0-0: [2026-12-07 20:49:25",
+        "drill-decode-1-0: [2026-12-07 20:51:10 TP0",
+    ]
+    assert "KV-path send to tcp://127.0.0.1:4 gave up" in lines[0]
+    assert lines[2].endswith("(x3)")
+    assert kv_path_log_lines(tmp_path, kept=1) == lines[-1:]
+    assert kv_path_log_lines(tmp_path / "none") == []
+    assert kv_path_note(tmp_path).endswith("\n" + "\n".join(lines))
+    assert kv_path_note(tmp_path / "none") == "no real pod logged anything of its KV path"

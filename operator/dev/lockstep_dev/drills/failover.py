@@ -6,9 +6,11 @@ nothing of it)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -40,6 +42,51 @@ PAST_VERDICT_BOUND_S = {"standin": 5.0, "sglang": 15.0}
 # client's two minutes on the real engine beside a recreated group importing SGLang
 # (with 1500 tokens one on CI ended cut; how, the run did not record).
 STREAM_TOKENS = {"standin": 1000, "sglang": 400}
+
+
+KV_PATH_LINE = re.compile(
+    r"KV-path send|sync status|Lost connection|prefill server info|ABORT|timed out|"
+    r"bootstrap room|handshake|transfer",
+    re.IGNORECASE,
+)
+KV_PATH_LINES_KEPT = 80
+
+
+NOT_KV_PATH = ("server_args=", "Decode batch", "Prefill batch", "INFO:     ")
+REQUEST_IDS = re.compile(r"[0-9a-f]{32}|\d{6,}")
+
+
+def kv_path_log_lines(kubelet_dir: Path, kept: int = KV_PATH_LINES_KEPT) -> list[str]:
+    """What the real SGLang pods logged of their KV path (the hand-off's warnings, theirs
+    and lockstep's), each after its pod's name, the newest `kept` kinds: the evidence a
+    failed real-engine drill leaves in its report, read from every pod's log, gone pods
+    too. Lines of one pod in one second that differ only in request ids and rooms (an
+    abort storm's) are one line, with how many there were."""
+    seen: dict[tuple[str, str], list[Any]] = {}  # (pod, line sans ids) -> [stamp, line, n]
+    for log in sorted(kubelet_dir.glob("pods/*/container.log")):
+        pod = log.parent.name.split("_")[1] if log.parent.name.count("_") >= 2 else log.parent.name
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if not line.startswith("[") or any(n in line for n in NOT_KV_PATH):
+                continue
+            if KV_PATH_LINE.search(line):
+                entry = seen.setdefault(
+                    (pod, REQUEST_IDS.sub("*", line[:160])), [line[:21], line.strip()[:300], 0]
+                )
+                entry[2] += 1
+    ordered = sorted(((e[0], pod, e[1], e[2]) for (pod, _), e in seen.items()))
+    return [f"{pod}: {line}" + (f" (x{n})" if n > 1 else "") for _, pod, line, n in ordered][-kept:]
+
+
+def kv_path_note(kubelet_dir: Path) -> str:
+    """The note a failed real-engine drill ends with: :func:`kv_path_log_lines`."""
+    lines = kv_path_log_lines(kubelet_dir)
+    if not lines:
+        return "no real pod logged anything of its KV path"
+    return "the real pods' KV-path log lines (newest last):\n" + "\n".join(lines)
 
 
 def leader_urls(drill: Drill) -> dict[str, str]:

@@ -31,7 +31,7 @@ import httpx
 
 from lockstep.api import constants as c
 from lockstep_dev.cluster import DevCluster, wait_for
-from lockstep_dev.drills import figures, monitoring
+from lockstep_dev.drills import failover, figures, monitoring
 from lockstep_dev.drills.deployment import (
     AFFECTED,
     NAME,
@@ -98,16 +98,14 @@ class Drill:
                 f"scenario {scenario!r} runs on the stand-in only; on the real SGLang engine: "
                 f"{', '.join(REAL_SGLANG_SCENARIOS)}"
             )
-        self.definition, self.scenario = definition, scenario
-        self.engine = engine
+        self.definition, self.scenario, self.engine = definition, scenario, engine
         self.sequence = tuple(sequence) if sequence is not None else None
         self.keep_going, self.soak_s, self.spares = keep_going, soak_s, spares
         self.watch = monitoring.Watch(self, prometheus)
         self.slow_steps = tuple(slow_steps) if slow_steps is not None else None
         self.step_bounds = None if step_bounds is None else dict(step_bounds)
-        real = engine == "sglang"
-        # A real server loads the model and warms up; three of them share two cores here.
-        self.ready_timeout_s = 600.0 if real else 240.0
+        real = engine == "sglang"  # a real server loads the model and warms up; three of
+        self.ready_timeout_s = 600.0 if real else 240.0  # them share two cores here
         if real:
             router = True  # a real PD decode server needs the router's prefill bootstrap
             timeout_s = max(timeout_s, 420.0)
@@ -338,7 +336,9 @@ class Drill:
             self.watch.stop()
             self.cluster.stop()
             self.result.duration_s = round(time.time() - started, 1)
-            if self._own_dir and self.result.passed:
+            if not self.result.passed and self.engine == "sglang":
+                self.result.notes.append(failover.kv_path_note(self.workdir / "kubelet"))
+            elif self._own_dir and self.result.passed:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         return self.result
 
