@@ -345,7 +345,9 @@ class Arrival:
     prompt: str | None = None  # its first characters, as the stand-in logs them
 
 
-def _pod_dirs(kubelet_root: Path, namespace: str) -> Iterator[tuple[str, str, Path]]:
+def pod_dirs(kubelet_root: Path, namespace: str) -> Iterator[tuple[str, str, Path]]:
+    """(name, uid, directory) of every incarnation of every pod in `namespace` the process
+    kubelet ran (it keeps each one's directory)."""
     for directory in sorted((kubelet_root / "pods").glob(f"{namespace}_*")):
         _, name, uid = directory.name.split("_", 2)
         yield name, uid, directory
@@ -356,7 +358,7 @@ def request_log_arrivals(kubelet_root: Path, namespace: str, deployment: str) ->
     stand-ins' `requests.jsonl` (the process kubelet keeps every incarnation's directory)."""
     out: list[Arrival] = []
     prefix = f"{deployment}-"
-    for name, uid, directory in _pod_dirs(kubelet_root, namespace):
+    for name, uid, directory in pod_dirs(kubelet_root, namespace):
         parts = name[len(prefix) :].rsplit("-", 2) if name.startswith(prefix) else []
         # `<deployment>-<role>-<group>[b]-<rank>` (b: a group's second name slot).
         if len(parts) != 3 or parts[0] not in c.ROLES or not parts[1].rstrip("b").isdigit():

@@ -23,6 +23,7 @@ from lockstep_dev.traffic import (
     CLIENT_TIMEOUT_S,
     ROUTER,
     Stream,
+    pod_dirs,
     request_log_arrivals,
     router_endpoint,
 )
@@ -50,8 +51,6 @@ KV_PATH_LINE = re.compile(
     re.IGNORECASE,
 )
 KV_PATH_LINES_KEPT = 80
-
-
 NOT_KV_PATH = ("server_args=", "Decode batch", "Prefill batch", "INFO:     ")
 REQUEST_IDS = re.compile(r"[0-9a-f]{32}|\d{6,}")
 
@@ -63,10 +62,9 @@ def kv_path_log_lines(kubelet_dir: Path, kept: int = KV_PATH_LINES_KEPT) -> list
     too. Lines of one pod in one second that differ only in request ids and rooms (an
     abort storm's) are one line, with how many there were."""
     seen: dict[tuple[str, str], list[Any]] = {}  # (pod, line sans ids) -> [stamp, line, n]
-    for log in sorted(kubelet_dir.glob("pods/*/container.log")):
-        pod = log.parent.name.split("_")[1] if log.parent.name.count("_") >= 2 else log.parent.name
+    for pod, _, directory in pod_dirs(kubelet_dir, NAMESPACE):
         try:
-            text = log.read_text(errors="replace")
+            text = (directory / "container.log").read_text(errors="replace")
         except OSError:
             continue
         for line in text.splitlines():
