@@ -5,7 +5,8 @@ the torch it pins, through the deep probe, an in-place restart and a forced dive
 One server per release, taken through what the operator does to a group: admitted by the
 deep probe, restarted in place into the next epoch (the container exits 75 and comes
 back on the next rendezvous port), then a divergence forced between its ranks, caught by
-the consensus check on both, the request it caught answered 503 and the group ended.
+the consensus check on both, the request it caught answered 503, a request sent while
+SGLang's crash diagnostics run answered 503 at once, and the group ended.
 """
 
 from __future__ import annotations
@@ -97,6 +98,17 @@ def test_the_release_serves_restarts_in_place_and_ends_on_a_forced_divergence(
     assert "the TP group went down" in caught.text
     failed_after = time.time() - sent
     assert failed_after < 20, f"the request failed only after {failed_after:.1f}s"
+    # SGLang's SIGQUIT handler then sleeps 5 s before its crash diagnostics and the kill.
+    # A request sent meanwhile (a router's retry, its health check) is answered 503 at
+    # once, never left without an answer until the kill resets its connection.
+    time.sleep(1.5)
+    late_sent = time.monotonic()
+    late = server.generate("a retry sent while the server goes down", timeout=30)
+    health = server.http.get(f"{server.url}/health", timeout=30)
+    late_after = time.monotonic() - late_sent
+    assert (late.status_code, health.status_code) == (503, 503), late.text
+    assert late_after < 2, f"the fenced server answered only after {late_after:.1f}s"
+    assert "Sleeping 5 seconds before crash diagnostics" in server.log.read_text()
     ranks = wait_for(
         lambda: (r := server.ranks()["ranks"]) and all(x["consensus_failure"] for x in r) and r,
         20,

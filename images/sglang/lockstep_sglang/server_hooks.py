@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
@@ -45,6 +47,7 @@ from sglang.srt.entrypoints import http_server
 from sglang.srt.managers import tokenizer_manager as tokenizer_manager_mod
 from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.utils import is_health_check_generate_req
+from sglang.srt.utils import kill_process_tree
 from sglang.utils import TypeBasedDispatcher
 
 from lockstep_sglang import held_kv, hooks, pd_faults, start_method, timeline
@@ -184,16 +187,38 @@ _signals_hooked = False
 
 def sigquit_first_end_requests(original: Callable[..., Any]) -> Callable[..., Any]:
     """SGLang's SIGQUIT handler (a scheduler died: the group is down), after ending every
-    held request with 503 and giving the answers :data:`FLUSH_S` to leave."""
+    held request with 503 (which also fences: new work and ``/health`` get 503) and giving
+    the answers :data:`FLUSH_S` to leave; SGLang's handler then runs off the event loop
+    (:func:`_run_off_the_loop`), so the fenced server keeps answering until it dies."""
 
     def handler(self: Any, signum: Any = None, frame: Any = None) -> None:
         ended = end_everything(FAILOVER, "the TP group went down (a scheduler process ended)")
-        if ended == 0:
-            original(self, signum, frame)
-            return
-        asyncio.get_running_loop().call_later(FLUSH_S, original, self, signum, frame)
+        asyncio.get_running_loop().call_later(
+            FLUSH_S if ended else 0.0, _run_off_the_loop, original, self, signum, frame
+        )
 
     return handler
+
+
+def _run_off_the_loop(original: Callable[..., Any], *args: Any) -> None:
+    """SGLang 0.5.21-0.5.23's SIGQUIT handler sleeps 5 s on the event loop before its
+    crash diagnostics (``SGLANG_PYSPY_DUMP_BEFORE_CRASH``, on by default), then kills the
+    process tree. On the loop, that sleep froze the HTTP server: the router's health
+    checks and a retry it sent there got no answer, then a reset (502, the retry spent;
+    a real-engine drill lost a request that way). In a thread, SGLang's handler does all
+    it did, while the loop answers 503. Should it raise, the server is killed all the
+    same: the group is down either way."""
+
+    def run() -> None:
+        try:
+            original(*args)
+        except BaseException:
+            logger.exception("SGLang's SIGQUIT handler failed; killing the server")
+        finally:
+            # SGLang's handler ends with the same call (it kills this process too).
+            kill_process_tree(os.getpid(), include_parent=True)
+
+    threading.Thread(target=run, name="lockstep-sigquit", daemon=True).start()
 
 
 def sigterm_first_end_requests(original: Callable[..., Any]) -> Callable[..., Any]:
