@@ -20,7 +20,12 @@ import pytest
 from dist_support import wait_until
 
 from lockstep_sglang.agent import PodAgent
-from lockstep_sglang.rank_state import archive_previous, read_rank_state, read_rank_states
+from lockstep_sglang.rank_state import (
+    archive_previous,
+    process_state,
+    read_rank_state,
+    read_rank_states,
+)
 
 # Every write block carries one number n in every field it touches, so a read that mixes
 # two writes of a block shows different numbers.
@@ -42,6 +47,11 @@ WRITER = textwrap.dedent(
             w.enter_collective(f"op{n}".encode(), f"g{n}".encode())
             w.exit_collective()
             w.enter_collective(f"op{n}".encode(), f"g{n}".encode())
+        elif mode == "kernel":
+            # The stand-in's stuck-in-kernel fault: inside a step, in D until killed.
+            from lockstep_standin.kernel_wait import wait_in_kernel
+            w.begin_iteration()
+            wait_in_kernel(90, Path(sys.argv[1]) / "lib")
         else:
             w.begin_iteration()
             w.enter_collective(b"broadcast_pyobj", b"tp:cpu", opaque=True)
@@ -190,6 +200,37 @@ def test_the_agent_reports_a_stopped_rank_stopped_and_a_reaped_one_gone(
     wait_until(lambda: state() == (False, "zombie"), 5, "the unreaped rank shown a zombie")
     proc.wait(timeout=10)
     assert state() == (False, "gone")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_waiting_in_the_kernel_is_reported_uninterruptible_dumped_and_killable(
+    tmp_path: Path, writers: list[subprocess.Popen[str]]
+) -> None:
+    """The stand-in's stuck-in-kernel fault puts a real rank in uninterruptible sleep
+    (what a GPU driver call that never returns looks like): the agent reports it
+    `uninterruptible`, its stack dump answers at once (py-spy cannot pause a process in
+    D: it reads it without pausing, instead of waiting out its timeout), and SIGKILL
+    ends it and the helper's child with it."""
+    _start(writers, tmp_path, 0, "kernel")
+    proc = writers[0]
+    agent = PodAgent(tmp_path, token=TOKEN)
+    wait_until(
+        lambda: agent.ranks()["ranks"][0]["process"] == "uninterruptible", 60, "the rank in D"
+    )
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    started = time.monotonic()
+    (stack,) = agent.stacks(timeout_s=10)["stacks"]
+    took = time.monotonic() - started
+    assert stack["ok"], stack["error"]
+    assert "wait_in_kernel" in stack["stack"], stack["stack"]
+    assert took < 5, f"the dump of a rank in D took {took:.1f}s"
+    assert process_state(proc.pid) == "uninterruptible"
+    # SIGKILL ends it (what the pod agent sends a group's ranks), its helper child too.
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    child = int(children[0])
+    wait_until(lambda: process_state(child) in ("gone", "zombie"), 5, "the helper child gone")
 
 
 def test_stack_dumps_are_bounded_and_one_at_a_time(

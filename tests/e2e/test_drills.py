@@ -2,8 +2,9 @@
 CPU stand-in SGLang ranks in real gloo groups, the real operator). One fresh cluster per
 scenario; each has a hard timeout so a hang fails the test instead of CI.
 
-A desync, a hang, a killed rank and a deleted pod are one drill through the real router
-(tests/e2e/test_router_drills.py: one cluster, four incidents, in place then recreated),
+A desync, a hang, a killed rank, a rank stuck in the kernel and a deleted pod are one
+drill through the real router (tests/e2e/test_router_drills.py: one cluster, five
+incidents, in place then recreated),
 which also judges the requests each incident caught. The concurrent drill is also watched
 by a real Prometheus (the chart's alerts and dashboard)."""
 

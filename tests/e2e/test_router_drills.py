@@ -2,9 +2,11 @@
 Kubernetes service discovery with its own ServiceAccount and RBAC), every request going
 through it, with a client that waits as a real one does (two minutes).
 
-One cluster, four incidents in decode group 0, each recovered before the next: a desync
-(restarted in place: the same pods, every container once), then a killed rank, a hang and
-a deleted pod (each within the escalation window: recreated). For each, what a user would
+One cluster, five incidents in decode group 0, each recovered before the next: a desync
+(restarted in place: the same pods, every container once), then a killed rank, a hang, a
+rank stuck in the kernel (uninterruptible sleep inside its step: judged Hung from /proc
+before the step bound, named alone) and a deleted pod (each within the escalation window:
+recreated). For each, what a user would
 notice: every request the incident caught ended 200 (the broken group's requests and the
 prefill halves it left behind ended with 503 at once; the router retried them on a healthy
 pair) and none waited more than 5 s past the verdict; a long stream on the group ended with
@@ -30,7 +32,7 @@ from lockstep_dev.drills.failover import holds_no_more
 
 
 @pytest.mark.timeout(900)
-def test_four_incidents_through_the_router_lose_no_request_and_cut_no_stream_silently() -> None:
+def test_five_incidents_through_the_router_lose_no_request_and_cut_no_stream_silently() -> None:
     result = Drill("sequence", router=True, suspect_nodes={"incidents": 2, "cordon": True}).run()
     print(result.to_json())
     assert result.passed, f"{result.reason}\n{result.to_json()}"
@@ -38,6 +40,7 @@ def test_four_incidents_through_the_router_lose_no_request_and_cut_no_stream_sil
         ("desync", "Desynced", "InPlace"),
         ("kill-rank", "RankDown", "Recreate"),
         ("hang", "Hung", "Recreate"),
+        ("stuck-in-kernel", "Hung", "Recreate"),
         ("delete-pod", "RankDown", "Recreate"),
     ]
     for step in result.steps:
@@ -57,7 +60,7 @@ def test_four_incidents_through_the_router_lose_no_request_and_cut_no_stream_sil
         assert step["router_failed_after_drain"] == 0, step
     assert result.router_stale_workers == []
     assert all(i["state"] == "Closed" and i["evidence"] for i in result.incidents)
-    assert result.restarts["decode/0"] == 4 and result.restarts["decode/1"] == 0
+    assert result.restarts["decode/0"] == 5 and result.restarts["decode/1"] == 0
     # The killed rank ran on a node a desynced rank ran on: suspect after incident 2,
     # cordoned (alone), and no restart from then on placed a pod there.
     desync, killed = result.steps[:2]

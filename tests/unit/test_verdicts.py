@@ -503,6 +503,51 @@ def test_a_traced_rank_is_stopped_and_a_probe_that_passes_wins() -> None:
         assert Signal.RANK_STOPPED not in got.signals and got.verdict is Verdict.HUNG
 
 
+# ------------------------------------------------------------------ a rank stuck in D
+
+
+def test_a_rank_in_uninterruptible_sleep_across_the_streak_is_hung_inside_its_step() -> None:
+    """A GPU call that never returns: rank 3 sits in D inside a 20 s step, well within
+    the 90 s floor that makes a step legitimate. /proc said D in the streak's first
+    failed sample and says it again, no iteration moved: Hung now, not after the bound."""
+    stuck = in_step(20.0)
+    first = (*PREV[:3], replace(PREV[3], process="uninterruptible"))
+    now = (*stuck[:3], replace(stuck[3], process="uninterruptible"))
+    got = classify_group(observe(ranks=now), first, now=NOW)
+    assert got.verdict is Verdict.HUNG and not got.immediate, got
+    assert Signal.RANK_UNINTERRUPTIBLE in got.signals
+    assert got.culprits == frozenset({"m-decode-0-1"})
+    assert "uninterruptible sleep" in got.reason and "m-decode-0-1/r3" in got.reason
+    assert outliers(got) == [
+        ("m-decode-0-1/r3", "its process is in uninterruptible sleep, no progress")
+    ]
+    assert got.evidence["ranks_uninterruptible"] == ["m-decode-0-1/r3"]
+    # Without the fact the same sample is a legitimate step.
+    assert classify_group(observe(ranks=stuck), PREV, now=NOW).verdict is Verdict.SLOW
+
+
+@pytest.mark.parametrize("case", ["only now", "only first", "progressed", "another process"])
+def test_a_brief_uninterruptible_sleep_is_no_verdict_of_its_own(case: str) -> None:
+    """D seen once (a page fault, a disk read), a rank in D that advanced between the
+    samples, or a new process in D (a restarted rank): the step bound decides as before."""
+    d = "uninterruptible"
+    stuck = in_step(20.0)
+    first, now = PREV, stuck
+    if case == "only now":
+        now = (*stuck[:3], replace(stuck[3], process=d))
+    elif case == "only first":
+        first = (*PREV[:3], replace(PREV[3], process=d))
+    elif case == "progressed":
+        first = (*PREV[:3], replace(PREV[3], process=d))
+        now = (*stuck[:3], replace(stuck[3], process=d, iteration=PREV[3].iteration + 1))
+    else:
+        first = (*PREV[:3], replace(PREV[3], process=d))
+        now = (*stuck[:3], replace(stuck[3], process=d, pid=(PREV[3].pid or 0) + 1000))
+    got = classify_group(observe(ranks=now), first, now=NOW)
+    assert Signal.RANK_UNINTERRUPTIBLE not in got.signals
+    assert got.verdict is Verdict.SLOW, got
+
+
 # ------------------------------------------------------------------ the outlier named
 
 

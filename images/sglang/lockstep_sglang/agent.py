@@ -30,7 +30,8 @@ too, so guessing the token is throttled): over it, 429 with ``Retry-After``.
   :class:`lockstep_sglang.rank_state.EngineExitJSON`); None while it runs.
 - ``POST /stacks`` (optional JSON body ``{"timeout_s": float, "native": bool}``):
   ``py-spy dump`` of every live local rank, run concurrently, each bounded by
-  ``timeout_s`` (default 10, at most 30); one dump at a time (429 while busy)::
+  ``timeout_s`` (default 10, at most 30; a rank in uninterruptible sleep, which py-spy
+  cannot pause, is read without pausing it); one dump at a time (429 while busy)::
 
       {"now": float, "stacks": [{"rank": int, "pid": int, "ok": bool,
         "duration_s": float, "stack": str, "error": str | null}, ...]}
@@ -120,6 +121,7 @@ from lockstep_sglang.rank_state import (
     EngineExitJSON,
     RankStateJSON,
     previous_epoch,
+    process_state,
     read_engine_exit,
     read_rank_states,
     state_dir_from_env,
@@ -351,6 +353,11 @@ class PodAgent:
         cmd = [self.py_spy, "dump", "--pid", str(pid)]
         if native:
             cmd.append("--native")
+        if process_state(pid) == "uninterruptible":
+            # py-spy pauses its target first, and a process in D (inside a driver call)
+            # cannot be paused: the dump would wait out its whole timeout. Read it as it
+            # runs instead (it is not running anyway).
+            cmd.append("--nonblocking")
         try:
             done = subprocess.run(
                 cmd, capture_output=True, text=True, timeout=timeout_s, check=False

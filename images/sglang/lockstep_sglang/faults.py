@@ -9,8 +9,8 @@ into the real scheduler loop (:mod:`lockstep_sglang.hooks`).
 
 Format (every field optional)::
 
-    {"kind": "none" | "desync" | "hang" | "slow" | "transfer-stall" | "bootstrap-down"
-             | "kv-leak",
+    {"kind": "none" | "desync" | "hang" | "slow" | "stuck-in-kernel" | "transfer-stall"
+             | "bootstrap-down" | "kv-leak",
      "ranks": [global ranks] | null,
      "step_seconds": float,          # slow: added to every iteration that runs a batch
      "epoch": str | null}            # only while LOCKSTEP_GROUP_EPOCH equals it
@@ -23,6 +23,10 @@ sending for new bootstrap rooms (its collectives, HTTP server and deep probe sta
 ``bootstrap-down``, a prefill whose bootstrap server stops answering; ``kv-leak``, a
 decode that keeps the KV of PD requests that ended before their hand-off completed
 (cancelled, failed) instead of freeing it (:mod:`lockstep_sglang.ended_kv`).
+
+``stuck-in-kernel`` is the CPU stand-in's only (the real runtime ignores it): the named
+ranks, inside their next model step, wait in the kernel (uninterruptible sleep, as a GPU
+driver call that never returns) until killed (``lockstep_standin.kernel_wait``).
 
 ``epoch`` lets an injector aim at one incarnation of a group: after the operator restarts
 the group in a new epoch, the fault no longer applies even if the file stays.
@@ -49,10 +53,12 @@ logger = logging.getLogger(__name__)
 FAULT_FILE = "fault.json"
 FAULT_FILE_ENV = "LOCKSTEP_TEST_FAULT_FILE"
 FaultKind = Literal[
-    "none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down", "kv-leak"
+    "none", "desync", "hang", "slow", "stuck-in-kernel", "transfer-stall", "bootstrap-down",
+    "kv-leak",
 ]  # fmt: skip
 KINDS: tuple[FaultKind, ...] = (
-    "none", "desync", "hang", "slow", "transfer-stall", "bootstrap-down", "kv-leak"
+    "none", "desync", "hang", "slow", "stuck-in-kernel", "transfer-stall", "bootstrap-down",
+    "kv-leak",
 )  # fmt: skip
 # Faults of the pod's PD path (its HTTP process), not of its ranks' loops.
 PD_KINDS: frozenset[FaultKind] = frozenset({"transfer-stall", "bootstrap-down", "kv-leak"})

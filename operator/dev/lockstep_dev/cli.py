@@ -23,7 +23,7 @@ import yaml
 # `lockstep dev inject --fault`: a rank's, a pod's or (the last three) a PD path's.
 FAULTS = (
     "desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none",
-    "transfer-stall", "bootstrap-down", "kv-leak",
+    "stuck-in-kernel", "transfer-stall", "bootstrap-down", "kv-leak",
 )  # fmt: skip
 
 # lockstep_dev.localcluster.engines.ENGINES (not imported here: `lockstep --help` stays fast).

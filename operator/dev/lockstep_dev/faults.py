@@ -22,7 +22,7 @@ from lockstep.clients.agent_client import AgentClient, report_from_ranks
 
 FaultKind = Literal[
     "desync", "hang", "slow", "kill-rank", "stall-rank", "delete-pod", "none",
-    "transfer-stall", "bootstrap-down", "kv-leak",
+    "stuck-in-kernel", "transfer-stall", "bootstrap-down", "kv-leak",
 ]  # fmt: skip
 # The PD path's faults: written to the group's leader pod only (its HTTP process holds the
 # bootstrap server, the KV sender and the KV it reserves), in force for the epoch it runs;
@@ -112,9 +112,10 @@ def inject(
         epoch = int(pods[0]["metadata"]["labels"].get(c.LABEL_EPOCH, "0"))
         _write_fault(dirs[0], {"kind": kind, "ranks": None, "epoch": epoch})
         return f"{kind} injected into {role}/{group} (its leader's PD path)"
-    if kind in ("desync", "hang", "slow", "none"):
-        # desync/hang: one rank (the group's last) misbehaves; slow: every rank.
-        victim = highest_rank(last) if kind in ("desync", "hang") else None
+    if kind in ("desync", "hang", "slow", "stuck-in-kernel", "none"):
+        # desync/hang/stuck-in-kernel: one rank (the group's last) misbehaves; slow: every
+        # rank. stuck-in-kernel: the CPU stand-in's only.
+        victim = highest_rank(last) if kind in ("desync", "hang", "stuck-in-kernel") else None
         epoch = int(pods[0]["metadata"]["labels"].get(c.LABEL_EPOCH, "0"))
         # The epoch keeps a fault from firing again in a restarted container of a later
         # epoch that reuses nothing but the pod name.

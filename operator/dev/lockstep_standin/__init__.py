@@ -59,8 +59,8 @@ Files in ``LOCKSTEP_POD_DIR``:
   for tooling that kills (``SIGKILL``) or stalls (``SIGSTOP``) a rank;
 - ``requests.jsonl``: the request log (see HTTP below);
 - ``fault.json`` (written by tooling, see :mod:`lockstep_sglang.faults`):
-  ``{"kind": "none"|"desync"|"hang"|"slow", "ranks": [..] | null, "step_seconds": s,
-  "epoch": e | null}``. ``desync``: the named rank decides the opposite of its peers
+  ``{"kind": "none"|"desync"|"hang"|"slow"|"stuck-in-kernel", "ranks": [..] | null,
+  "step_seconds": s, "epoch": e | null}``. ``desync``: the named rank decides the opposite of its peers
   (idle while they batch, a phantom batch while they idle) → the consensus ends every
   rank within about a second, with the diverging decision in the evidence. ``hang``: the named
   rank waits on a receive no peer matches, inside ``run_batch`` (``tp:device``) when
@@ -69,7 +69,10 @@ Files in ``LOCKSTEP_POD_DIR``:
   rank shows the same collective with no progress, the probe times out; the gloo
   timeout ends the group. ``slow``: each batch of the named ranks takes ``step_seconds`` longer,
   and so the group's (the forward's collective carries it: every rank waits out the
-  slowest, from the same iteration on); iterations keep advancing. The file survives a
+  slowest, from the same iteration on); iterations keep advancing. ``stuck-in-kernel``:
+the named rank, inside its next ``run_batch``, waits in the kernel in uninterruptible
+sleep (``D``, as a GPU driver call that never returns; :mod:`lockstep_standin.kernel_wait`)
+until killed, its peers waiting for it in the forward's collective. The file survives a
   container restart (same pod directory): clear it, or set ``epoch``, so a restarted
   group does not fail again.
 

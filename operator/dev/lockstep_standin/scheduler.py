@@ -55,6 +55,7 @@ from lockstep_sglang.consensus import create_dedicated_groups
 from lockstep_sglang.faults import FAULT_FILE, FaultWatcher
 from lockstep_sglang.probe import ProbeRequest, drop_expired
 from lockstep_sglang.standalone import StandaloneRank, broadcast_pyobj
+from lockstep_standin.kernel_wait import wait_in_kernel
 from lockstep_standin.protocol import (
     AbortRequest,
     GenerateRequest,
@@ -71,6 +72,7 @@ from lockstep_standin.settings import MAX_RUNNING, RANK_SPEC_ENV, RankSpec
 logger = logging.getLogger("lockstep_standin.scheduler")
 
 MAX_PULL = 512  # messages rank 0 takes from the HTTP server per iteration
+KERNEL_WAIT_S = 900  # the stuck-in-kernel fault: longer than any drill waits
 PR_SET_PDEATHSIG = 1
 
 
@@ -163,7 +165,8 @@ class Scheduler:
             if batch:
                 stuck = mine and fault.kind == "hang"
                 slow_s = fault.step_seconds if mine and fault.kind == "slow" else 0.0
-                self.forward(len(batch), stuck, slow_s)
+                in_kernel = mine and fault.kind == "stuck-in-kernel"
+                self.forward(len(batch), stuck, slow_s, in_kernel)
                 self.advance(batch)
 
     def pull(self) -> list[Any]:
@@ -219,11 +222,15 @@ class Scheduler:
         phantom = GenerateRequest(f"phantom-{self.iteration}", "", 1, float("inf"), time.time())
         return Batch([Running(phantom, self.iteration)], "DECODE")
 
-    def _forward(self, size: int, stuck: bool, slow_s: float) -> None:
+    def _forward(self, size: int, stuck: bool, slow_s: float, in_kernel: bool = False) -> None:
         # A model step, timed in the rank state (as the real runtime times run_batch).
         with self.runtime.state.step():
             if stuck:
                 self._stuck()
+            if in_kernel:
+                # A driver call that never returns: uninterruptible until killed.
+                logger.warning("fault stuck-in-kernel at iteration %d", self.iteration)
+                wait_in_kernel(KERNEL_WAIT_S)
             if self.spec.step_s > 0:
                 time.sleep(self.spec.step_s)
             mine = torch.tensor([size, round(slow_s * 1000)], dtype=torch.int64)

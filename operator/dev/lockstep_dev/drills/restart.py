@@ -111,8 +111,8 @@ def restart_checks(
 
 def outlier_checks(kind: FaultKind, inc: Mapping[str, Any], victim: Mapping[str, Any]) -> Checks:
     """The incident names where the fault went, with its pod and node: a stopped rank
-    as the only outlier (its process stopped), a killed rank among them (gone), a
-    deleted pod as the only one; a desync's and a hang's outliers are told, not judged
+    as the only outlier (its process stopped), a rank stuck in the kernel likewise (in
+    uninterruptible sleep), a killed rank among them (gone), a deleted pod as the only one; a desync's and a hang's outliers are told, not judged
     here."""
     pod, node = victim["metadata"]["name"], victim["spec"].get("nodeName")
     rank = highest_rank(dict(victim))
@@ -123,6 +123,12 @@ def outlier_checks(kind: FaultKind, inc: Mapping[str, Any], victim: Mapping[str,
     if kind == "stall-rank":
         ok = [(p, r, n) for p, r, n, _ in named] == [(pod, rank, node)] and "stopped" in named[0][3]
         return [(ok, f"outliers {named}, expected rank {rank} of {pod} on {node}, stopped")]
+    if kind == "stuck-in-kernel":
+        # Named by /proc (uninterruptible sleep), not by the step bound or a collective.
+        ok = [(p, r, n) for p, r, n, _ in named] == [(pod, rank, node)] and (
+            "uninterruptible" in named[0][3]
+        )
+        return [(ok, f"outliers {named}, expected rank {rank} of {pod} on {node}, in D")]
     if kind == "kill-rank":
         # Its peers exit once their collective breaks: they may be named gone beside it.
         ok = any((p, r, n) == (pod, rank, node) and "gone" in w for p, r, n, w in named)

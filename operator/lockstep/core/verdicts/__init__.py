@@ -14,8 +14,11 @@ lists them, and — only when the probe failed — the rank states every pod age
 | `Desynced` | a rank reported a consensus failure                          | at once      |
 | `Desynced` | ranks in different collectives or decision sequences         | threshold    |
 | `Hung`     | every rank in the same collective (or none), no progress     | threshold    |
+| `Hung`     | a rank in uninterruptible sleep (D) now and in the streak's  | threshold    |
+|            | first failed sample, no progress between (before the bound)  |              |
 | `RankDown` | pod missing, deleted, evicted or Failed; container not       | at once      |
 |            | running; a restart count moved; a rank process gone          |              |
+| `RankDown` | a rank process stopped or traced (SIGSTOP, a debugger)       | threshold    |
 | `Unknown`  | the probe failed and no rank state could be read             | threshold    |
 | `Unknown`  | a new epoch passed no probe within its startup grace         | at once      |
 

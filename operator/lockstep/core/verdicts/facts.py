@@ -54,6 +54,7 @@ class Signal(StrEnum):
     CONTAINER_RESTARTED = "container-restarted"
     RANK_EXITED = "rank-exited"
     RANK_STOPPED = "rank-stopped"
+    RANK_UNINTERRUPTIBLE = "rank-uninterruptible"  # in D, no progress, two samples
     CONSENSUS_FAILURE = "consensus-failure"
     AGENT_UNREACHABLE = "agent-unreachable"
     PROGRESS = "progress"
@@ -68,6 +69,11 @@ class Signal(StrEnum):
 
 # OS states of a rank process that will not move until someone resumes it.
 STOPPED_PROCESS_STATES = frozenset({"stopped", "traced"})
+# The OS state of a process inside the kernel that no signal but SIGKILL ends: a driver
+# call (a GPU's that never returns), a file system that does not answer. Brief for a
+# page fault or a disk read; a rank that shows it in two samples of a failure streak,
+# with no progress between, is stuck there.
+UNINTERRUPTIBLE_PROCESS_STATE = "uninterruptible"
 
 # Signals that prove the current epoch broke (as opposed to "not up yet"): the recovery
 # planner acts on these even while it waits for a new epoch to pass its first probe.

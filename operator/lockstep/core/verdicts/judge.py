@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from lockstep.core.verdicts.facts import (
     MAX_OUTLIERS,
     STOPPED_PROCESS_STATES,
+    UNINTERRUPTIBLE_PROCESS_STATE,
     EvidenceValue,
     GroupObservation,
     GroupVerdict,
@@ -172,6 +173,32 @@ def classify_group(
         return verdict(Verdict.UNKNOWN, False, f"deep probe {obs.probe.status}; {why}")
 
     advanced, stalled = _progress(ranks, previous)
+    # A rank in uninterruptible sleep (D: inside a driver or a file system call) in this
+    # sample and in the streak's first, with no progress between, is stuck in the kernel,
+    # whatever the step bound allows: a GPU call that never returns shows so. Not at
+    # once (failureThreshold probes): a slow disk or a page fault passes.
+    before = {r.identity: r.process for r in previous}
+    in_kernel = [
+        r
+        for r in stalled
+        if r.process == UNINTERRUPTIBLE_PROCESS_STATE
+        and before.get(r.identity) == UNINTERRUPTIBLE_PROCESS_STATE
+    ]
+    if in_kernel:
+        signals.add(Signal.RANK_UNINTERRUPTIBLE)
+        names = [f"{r.pod}/r{r.rank}" for r in in_kernel]
+        evidence["ranks_uninterruptible"] = _bounded(names)
+        return verdict(
+            Verdict.HUNG,
+            False,
+            f"rank process in uninterruptible sleep (D: inside the kernel) with no progress "
+            f"across the failed probes: {', '.join(names[:4])}",
+            [r.pod for r in in_kernel],
+            [
+                Outlier(r.pod, r.rank, "its process is in uninterruptible sleep, no progress")
+                for r in in_kernel
+            ],
+        )
     if advanced and not stalled:
         signals.add(Signal.PROGRESS)
         return verdict(

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 # restart costs minutes on two cores: a desync and a rank stopped with SIGSTOP (a wedged
 # process as an operator meets it; benchmarks/failover.py runs the rest there, and the
 # realsglang tier judges a hang on the real engine's answers); the stand-in runs a
-# killed rank, a hang and a deleted pod after the desync. On both, the second incident
+# killed rank, a hang, a rank stuck in the kernel (uninterruptible sleep inside its
+# step, judged from /proc before the step bound) and a deleted pod after the desync. On both, the second incident
 # hits the pods the desync's in-place restart kept, and names a rank the desync named:
 # its node is the outlier's of two incidents (what the suspect-node checks count on).
 SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
@@ -42,6 +43,7 @@ STANDIN_SEQUENCE: tuple[tuple[str, FaultKind], ...] = (
     ("Desynced", "desync"),
     ("RankDown", "kill-rank"),
     ("Hung", "hang"),
+    ("Hung", "stuck-in-kernel"),
     ("RankDown", "delete-pod"),
 )
 
@@ -59,8 +61,8 @@ def overrides(drill: Drill) -> dict[str, Any]:
 
 
 def act(drill: Drill) -> None:
-    """A desync, then a stopped rank (the stand-in: a killed rank, a hang and a deleted
-    pod), in decode/0 of one cluster, each recovered (and judged) before the next.
+    """A desync, then a stopped rank (the stand-in: a killed rank, a hang, a rank stuck in
+    the kernel and a deleted pod), in decode/0 of one cluster, each recovered (and judged) before the next.
 
     The first is restarted in the deployment's mode; the group then fails again
     within `recovery.inPlace.escalationWindowSeconds` of an in-place restart, so (in
