@@ -89,7 +89,8 @@ def library(root: Path | None = None) -> Path:
 def wait_in_kernel(seconds: float, root: Path | None = None) -> None:
     """Sit in uninterruptible sleep for about `seconds` (whole seconds, at least one),
     or until this process is killed."""
-    fn = ctypes.CDLL(str(library(root))).lockstep_wait_in_kernel
+    # use_errno: a failed vfork or waitpid is reported with its errno, not 0.
+    fn = ctypes.CDLL(str(library(root)), use_errno=True).lockstep_wait_in_kernel
     fn.argtypes = [ctypes.c_uint]
     fn.restype = ctypes.c_int
     if fn(max(1, round(seconds))) != 0:
